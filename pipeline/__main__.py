@@ -1,0 +1,33 @@
+"""``python -m pipeline +job=NAME [key=value ...]``: run a job with Hydra overrides."""
+
+from __future__ import annotations
+
+import sys
+
+from pipeline.config import ConfigError, compose
+from pipeline.launch.watch import RunFailed
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Exit status: 0 done, 1 a worker or shard failed, 2 bad configuration or input."""
+    argv = sys.argv[1:] if argv is None else argv
+    try:
+        cfg = compose(argv)
+        from pipeline.run import run_job
+
+        summary = run_job(cfg)
+    except (ConfigError, FileNotFoundError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except RunFailed as exc:
+        print(f"error: run failed: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+    print(summary.text())
+    return 0 if summary.shards_done == summary.shards else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

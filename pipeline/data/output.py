@@ -1,0 +1,98 @@
+"""The output shard: one row per input row, in input order.
+
+Columns (documented in the README):
+  id                 the input's id column, or "<shard name>:<row index>" when it has none
+  <passthrough>      every input column except the id and text columns, unchanged
+  generation         string, null on error
+  generation_token_ids  list<int32>, the output token ids
+  finish_reason      "stop" | "length" | null on error
+  prompt_tokens      int32, tokens in the rendered prompt (null when it could not be rendered)
+  output_tokens      int32
+  error              string, null when the row is fine; otherwise why it failed
+  queue_s            seconds from the shard being read to the row entering prefill
+  prefill_s          seconds of prefill (to the prefill worker's first token / KV ready)
+  kv_handoff_s       seconds from prefill finished to the decode worker's first token
+                     (hand-off message + NIXL transfer + scheduling); null when colocated
+  ttft_s             seconds from entering prefill to the first output token
+  decode_s           seconds from the first to the last output token
+  kv_tokens          prompt tokens whose KV the decode worker received instead of computing
+  kv_bytes           kv_tokens x KV bytes per token of the model
+  prefill_worker     worker id ("prefill-0@host", "colocated-0@host")
+  decode_worker      worker id ("decode-0@host"); null when colocated
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+import pyarrow as pa
+
+
+@dataclass
+class RowResult:
+    """Everything the output shard records about one row beyond its input columns."""
+
+    generation: str | None = None
+    generation_token_ids: list[int] | None = None
+    finish_reason: str | None = None
+    prompt_tokens: int | None = None
+    output_tokens: int = 0
+    error: str | None = None
+    queue_s: float | None = None
+    prefill_s: float | None = None
+    kv_handoff_s: float | None = None
+    ttft_s: float | None = None
+    decode_s: float | None = None
+    kv_tokens: int = 0
+    kv_bytes: int = 0
+    prefill_worker: str | None = None
+    decode_worker: str | None = None
+
+
+RESULT_SCHEMA = pa.schema([
+    ("generation", pa.string()),
+    ("generation_token_ids", pa.list_(pa.int32())),
+    ("finish_reason", pa.string()),
+    ("prompt_tokens", pa.int32()),
+    ("output_tokens", pa.int32()),
+    ("error", pa.string()),
+    ("queue_s", pa.float64()),
+    ("prefill_s", pa.float64()),
+    ("kv_handoff_s", pa.float64()),
+    ("ttft_s", pa.float64()),
+    ("decode_s", pa.float64()),
+    ("kv_tokens", pa.int64()),
+    ("kv_bytes", pa.int64()),
+    ("prefill_worker", pa.string()),
+    ("decode_worker", pa.string()),
+])
+assert [f.name for f in fields(RowResult)] == RESULT_SCHEMA.names
+
+
+def row_ids(table: pa.Table, id_column: str, shard_name: str) -> pa.Array:
+    """The id column, or ``"<shard name>:<row index>"`` strings when the input has none."""
+    if id_column in table.column_names:
+        return table.column(id_column).combine_chunks()
+    return pa.array([f"{shard_name}:{i}" for i in range(table.num_rows)], pa.string())
+
+
+def build_output(table: pa.Table, ids: pa.Array, id_column: str, text_column: str,
+                 results: list[RowResult]) -> pa.Table:
+    """Assemble the output shard: ``id_column``, passthrough columns, then the result columns.
+
+    Raises:
+        ValueError: ``results`` does not hold exactly one entry per input row, or an input
+            column has the name of a result column.
+    """
+    if len(results) != table.num_rows:
+        raise ValueError(f"{len(results)} results for {table.num_rows} input rows")
+    columns = {id_column: ids}
+    for name in table.column_names:
+        if name in (id_column, text_column):
+            continue
+        if name in RESULT_SCHEMA.names:
+            raise ValueError(f"input column {name!r} clashes with an output column; rename it")
+        columns[name] = table.column(name)
+    for field in RESULT_SCHEMA:
+        columns[field.name] = pa.array([getattr(r, field.name) for r in results], field.type)
+    return pa.table(columns)

@@ -1,0 +1,1 @@
+"""KV cache layout and transfer parameters."""

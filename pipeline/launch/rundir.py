@@ -1,0 +1,100 @@
+"""The run directory: the one place (on a shared file system) where a run's workers meet.
+
+Layout::
+
+    RUN_DIR/config.yaml            resolved config of the run
+    RUN_DIR/shards.json            the input shards and the output directory
+    RUN_DIR/decode/rank-N.json     a decode worker's control endpoint, written when it is ready
+    RUN_DIR/done/SHARD.json        per-shard totals, written after the output shard is in place
+    RUN_DIR/progress/WORKER.json   rows and output tokens done so far, rewritten as rows finish
+    RUN_DIR/stop                   written by the launcher once every prefill task has ended
+    RUN_DIR/logs/                  submitit's per-worker logs
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from pipeline.config import Config, from_yaml, to_yaml
+from pipeline.data.shards import Shard
+
+
+def write_json(path: Path, data: Any) -> None:
+    """Write JSON atomically (temporary file + rename) so readers never see half a file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    with os.fdopen(fd, "w") as f:
+        json.dump(data, f, indent=1)
+    os.replace(tmp, path)
+
+
+class RunDir:
+    def __init__(self, path: str | os.PathLike):
+        self.path = Path(path).resolve()
+
+    # -- written once by the launcher ---------------------------------------------------------
+    def create(self, cfg: Config, shards: list[Shard], output_dir: str) -> None:
+        for sub in ("decode", "done", "progress", "logs"):
+            (self.path / sub).mkdir(parents=True, exist_ok=True)
+        (self.path / "config.yaml").write_text(to_yaml(cfg))
+        write_json(self.path / "shards.json",
+                   {"output": output_dir, "shards": [asdict(s) for s in shards]})
+
+    def config(self) -> Config:
+        return from_yaml(self.path / "config.yaml")
+
+    def shards(self) -> list[Shard]:
+        data = json.loads((self.path / "shards.json").read_text())
+        return [Shard(**s) for s in data["shards"]]
+
+    def output_dir(self) -> str:
+        return json.loads((self.path / "shards.json").read_text())["output"]
+
+    @property
+    def logs(self) -> Path:
+        return self.path / "logs"
+
+    # -- decode endpoints ---------------------------------------------------------------------
+    def publish_decode(self, rank: int, endpoint: str, worker: str) -> None:
+        write_json(self.path / "decode" / f"rank-{rank}.json", {"endpoint": endpoint, "worker": worker})
+
+    def decode_endpoints(self) -> dict[int, dict[str, str]]:
+        out = {}
+        for p in sorted((self.path / "decode").glob("rank-*.json")):
+            out[int(p.stem.split("-")[1])] = json.loads(p.read_text())
+        return out
+
+    # -- shard completion -----------------------------------------------------------------------
+    def done_path(self, shard: Shard) -> Path:
+        return self.path / "done" / f"{shard.name}.json"
+
+    def mark_done(self, shard: Shard, totals: dict[str, Any]) -> None:
+        write_json(self.done_path(shard), totals)
+
+    def done(self) -> dict[str, dict[str, Any]]:
+        return {p.name[: -len(".json")]: json.loads(p.read_text())
+                for p in (self.path / "done").glob("*.json")}
+
+    # -- progress and shutdown ------------------------------------------------------------------
+    def write_progress(self, worker: str, data: dict[str, Any]) -> None:
+        write_json(self.path / "progress" / f"{worker}.json", data)
+
+    def progress(self) -> list[dict[str, Any]]:
+        out = []
+        for p in (self.path / "progress").glob("*.json"):
+            try:
+                out.append(json.loads(p.read_text()))
+            except (OSError, ValueError):
+                continue
+        return out
+
+    def request_stop(self) -> None:
+        (self.path / "stop").touch()
+
+    def stop_requested(self) -> bool:
+        return (self.path / "stop").exists()

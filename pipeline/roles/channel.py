@@ -1,0 +1,65 @@
+"""The control channel between prefill and decode workers: ZeroMQ + msgspec (msgpack).
+
+A decode worker binds a ROUTER socket and publishes its endpoint in the run directory; each
+prefill worker connects a DEALER socket to every decode worker. Prefill sends :class:`Handoff`
+messages; the decode worker answers each with one :class:`Result` on the same connection.
+Messages are typed msgspec structs: nothing received from the network is unpickled.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+import msgspec
+
+
+class Handoff(msgspec.Struct, tag="handoff"):
+    """A prefilled request handed to a decode worker.
+
+    ``kv_transfer_params`` is the dict vLLM returned with the prefill output (the NIXL connector's
+    block ids, engine id and side-channel address), passed to decode unchanged.
+    Times are wall-clock seconds since the epoch (``time.time()``).
+    """
+
+    key: str
+    prompt_token_ids: list[int]
+    max_tokens: int
+    temperature: float
+    top_p: float
+    seed: Optional[int]
+    kv_transfer_params: dict[str, Any]
+    prefill_done_at: float
+
+
+class Result(msgspec.Struct, tag="result"):
+    """The decode worker's answer to one :class:`Handoff`.
+
+    ``kv_tokens`` is the number of prompt tokens whose KV the decode engine did not compute itself
+    (vLLM's ``num_cached_tokens``: KV that arrived over NIXL). ``token_times`` holds the wall-clock
+    time each output token was seen (seconds since the epoch), one per token id.
+    """
+
+    key: str
+    decode_worker: str
+    token_ids: list[int]
+    text: str
+    finish_reason: Optional[str]
+    error: Optional[str]
+    kv_tokens: int
+    arrived_at: float
+    token_times: list[float]
+
+
+Message = Handoff | Result
+_encoder = msgspec.msgpack.Encoder()
+_decoder = msgspec.msgpack.Decoder(Message)
+
+
+def encode(msg: Message) -> bytes:
+    return _encoder.encode(msg)
+
+
+def decode(data: bytes) -> Message:
+    """Decode one message. Raises ``msgspec.DecodeError`` on anything that is not a valid
+    :class:`Handoff` or :class:`Result`."""
+    return _decoder.decode(data)

@@ -1,0 +1,78 @@
+"""Decode worker: accepts hand-offs over the control channel, lets vLLM take each request's KV
+over NIXL (``do_remote_prefill``), runs continuous batching across all live requests, and
+answers each hand-off with its generation. Exits once the launcher asks it to stop and nothing is
+in flight."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+
+import msgspec
+import zmq
+import zmq.asyncio
+
+from pipeline.launch.rundir import RunDir
+from pipeline.roles.channel import Handoff, Result, decode, encode
+from pipeline.roles.engine import build_engine, request_id, sampling_params, stream, worker_id
+
+log = logging.getLogger(__name__)
+
+
+def decode_main(run_dir: str, rank: int, cpus: str | None, side_channel_port: int) -> str:
+    """Entry point of decode rank ``rank`` (one process). Returns the worker id."""
+    return asyncio.run(_decode(RunDir(run_dir), rank, cpus, side_channel_port))
+
+
+async def _decode(run: RunDir, rank: int, cpus: str | None, side_channel_port: int) -> str:
+    cfg = run.config()
+    worker = worker_id("decode", rank)
+    engine = build_engine(cfg, "decode", cpus=cpus, side_channel_port=side_channel_port)
+    ctx = zmq.asyncio.Context()
+    sock = ctx.socket(zmq.ROUTER)
+    sock.setsockopt(zmq.LINGER, 1000)
+    port = sock.bind_to_random_port(f"tcp://{cfg.transport.host}")
+    run.publish_decode(rank, f"tcp://{cfg.transport.host}:{port}", worker)
+    live: set[asyncio.Task] = set()
+
+    async def serve(peer: bytes, h: Handoff) -> None:
+        arrived = time.time()
+        try:
+            # remote_prefill_cached_tokens only feeds vLLM's reporting, where it would replace this
+            # engine's own count of prompt tokens it did not compute; drop it so kv_tokens
+            # measures what this worker received instead of recomputing.
+            kv_params = {k: v for k, v in h.kv_transfer_params.items()
+                         if k != "remote_prefill_cached_tokens"}
+            params = sampling_params(cfg.job.sampling, max_tokens=h.max_tokens,
+                                     kv_transfer_params=kv_params)
+            s = await stream(engine, request_id(h.key), h.prompt_token_ids, params)
+            result = Result(key=h.key, decode_worker=worker, token_ids=s.token_ids, text=s.text,
+                            finish_reason=s.finish_reason, error=None, kv_tokens=s.num_cached_tokens,
+                            arrived_at=arrived, token_times=s.token_times)
+        except Exception as exc:  # the row becomes an error row at its owner
+            result = Result(key=h.key, decode_worker=worker, token_ids=[], text="", finish_reason=None,
+                            error=f"decode failed: {type(exc).__name__}: {exc}", kv_tokens=0,
+                            arrived_at=arrived, token_times=[])
+        await sock.send_multipart([peer, encode(result)])
+
+    try:
+        while True:
+            if await sock.poll(200, zmq.POLLIN):
+                peer, data = await sock.recv_multipart()
+                try:
+                    msg = decode(data)
+                except msgspec.DecodeError as exc:
+                    log.warning("dropping a malformed message: %s", exc)
+                    continue
+                if isinstance(msg, Handoff):
+                    task = asyncio.create_task(serve(peer, msg))
+                    live.add(task)
+                    task.add_done_callback(live.discard)
+            elif not live and run.stop_requested():
+                break
+    finally:
+        sock.close()
+        ctx.term()
+        engine.shutdown()
+    return worker

@@ -1,0 +1,171 @@
+"""Build the vLLM engine a worker runs: a KV producer (prefill), a KV consumer (decode) or a plain
+colocated engine, with the process environment vLLM's CPU backend and NIXL read at start."""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Literal
+
+from pipeline.config import Config, SamplingConfig
+from pipeline.model import resolve_model_path
+
+if TYPE_CHECKING:
+    from vllm import SamplingParams
+    from vllm.v1.engine.async_llm import AsyncLLM
+
+Role = Literal["prefill", "decode", "colocated"]
+
+
+def engine_env(cfg: Config, *, cpus: str | None, side_channel_port: int | None) -> dict[str, str]:
+    """Environment variables for one worker's engine.
+
+    ``cpus`` is a core list for ``VLLM_CPU_OMP_THREADS_BIND`` (``"0"``, ``"0-3"``) or None for
+    vLLM's own choice. ``side_channel_port`` is this worker's NIXL handshake port.
+    """
+    env = {
+        "VLLM_CPU_KVCACHE_SPACE": f"{cfg.model.kv_cache_gib:g}",
+        "VLLM_LOGGING_LEVEL": os.environ.get("VLLM_LOGGING_LEVEL", "WARNING"),
+        "TOKENIZERS_PARALLELISM": "false",
+    }
+    if cpus is not None:
+        env["VLLM_CPU_OMP_THREADS_BIND"] = cpus
+        env["VLLM_CPU_NUM_OF_RESERVED_CPU"] = "0"
+    if side_channel_port is not None:
+        env["VLLM_NIXL_SIDE_CHANNEL_HOST"] = cfg.transport.host
+        env["VLLM_NIXL_SIDE_CHANNEL_PORT"] = str(side_channel_port)
+    if cfg.transport.ucx_tls:
+        env["UCX_TLS"] = cfg.transport.ucx_tls
+    if cfg.transport.ucx_net_devices:
+        env["UCX_NET_DEVICES"] = cfg.transport.ucx_net_devices
+    return env
+
+
+def build_engine(cfg: Config, role: Role, *, cpus: str | None, side_channel_port: int | None) -> "AsyncLLM":
+    """Start a vLLM ``AsyncLLM`` engine for ``role`` (~30-120 s on 2 CPU cores; longer the first time, while
+    torch.compile fills its cache).
+
+    Sets this process's environment first (the engine core is a spawned child that inherits it).
+    """
+    os.environ.update(engine_env(cfg, cpus=cpus, side_channel_port=side_channel_port))
+    from vllm.config import KVTransferConfig
+    from vllm.engine.arg_utils import AsyncEngineArgs
+    from vllm.v1.engine.async_llm import AsyncLLM
+
+    kwargs = {}
+    if role != "colocated":
+        kwargs["kv_transfer_config"] = KVTransferConfig(
+            kv_connector=cfg.transport.connector,
+            kv_role="kv_producer" if role == "prefill" else "kv_consumer",
+            kv_buffer_device="cpu" if _on_cpu() else "cuda",
+        )
+    if cfg.model.block_size:
+        kwargs["block_size"] = cfg.model.block_size
+    tp = cfg.model.decode_tp if role == "decode" else cfg.model.prefill_tp
+    args = AsyncEngineArgs(
+        model=model_path(cfg),
+        dtype=cfg.model.dtype,
+        max_model_len=cfg.model.max_model_len,
+        tensor_parallel_size=tp,
+        gpu_memory_utilization=cfg.model.gpu_memory_utilization,
+        enforce_eager=cfg.model.enforce_eager,
+        seed=0,
+        disable_log_stats=True,
+        **kwargs,
+    )
+    return AsyncLLM.from_engine_args(args)
+
+
+def model_path(cfg: Config) -> str:
+    """The model directory (or hub id) every worker loads; converts the bundled model on first use."""
+    return resolve_model_path(cfg.model.path, cfg.model.source, cfg.model.name)
+
+
+def _on_cpu() -> bool:
+    from vllm.platforms import current_platform
+
+    return current_platform.is_cpu()
+
+
+@dataclass
+class Streamed:
+    """What one request produced. ``token_times`` are wall-clock seconds (``time.time()``) at which
+    each output token reached this process, one per entry of ``token_ids``."""
+
+    token_ids: list[int] = field(default_factory=list)
+    text: str = ""
+    token_times: list[float] = field(default_factory=list)
+    finish_reason: str | None = None
+    num_cached_tokens: int = 0
+    kv_transfer_params: dict[str, Any] | None = None
+
+
+def sampling_params(sampling: SamplingConfig, max_tokens: int | None = None,
+                    kv_transfer_params: dict[str, Any] | None = None) -> "SamplingParams":
+    """vLLM sampling parameters that stream new tokens only (``DELTA``), optionally carrying
+    ``kv_transfer_params`` for the NIXL connector."""
+    from vllm import SamplingParams
+    from vllm.sampling_params import RequestOutputKind
+
+    return SamplingParams(
+        max_tokens=max_tokens if max_tokens is not None else sampling.max_new_tokens,
+        temperature=sampling.temperature,
+        top_p=sampling.top_p,
+        seed=sampling.seed,
+        output_kind=RequestOutputKind.DELTA,
+        extra_args={"kv_transfer_params": kv_transfer_params} if kv_transfer_params else None,
+    )
+
+
+async def stream(engine: "AsyncLLM", request_id: str, prompt_token_ids: list[int],
+                 params: "SamplingParams") -> Streamed:
+    """Run one request to completion, timestamping every output token as it arrives.
+
+    Raises whatever vLLM raises for the request (for example a prompt longer than the context).
+    """
+    out = Streamed()
+    async for ro in engine.generate({"prompt_token_ids": prompt_token_ids}, params, request_id):
+        now = time.time()
+        completion = ro.outputs[0]
+        out.token_ids.extend(completion.token_ids)
+        out.token_times.extend([now] * len(completion.token_ids))
+        out.text += completion.text
+        # num_cached_tokens is reported with the first output; keep the largest value seen.
+        out.num_cached_tokens = max(out.num_cached_tokens, ro.num_cached_tokens or 0)
+        if ro.finished:
+            out.finish_reason = completion.finish_reason
+            out.kv_transfer_params = ro.kv_transfer_params
+    return out
+
+
+def load_tokenizer(cfg: Config) -> Any:
+    """The model's Hugging Face tokenizer (the one vLLM itself uses)."""
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(model_path(cfg))
+
+
+def kv_bytes_per_token(cfg: Config) -> int:
+    """KV bytes per token of the configured model (see :mod:`pipeline.kv.layout`)."""
+    from transformers import AutoConfig
+
+    from pipeline.kv.layout import kv_bytes_per_token_from_hf
+
+    hf = AutoConfig.from_pretrained(model_path(cfg)).to_dict()
+    hf.update(hf.get("text_config") or {})
+    return kv_bytes_per_token_from_hf(hf, cfg.model.dtype)
+
+
+def worker_id(role: str, index: int) -> str:
+    """``"<role>-<index>@<host>"``: names a worker in output rows, logs and the run directory."""
+    return f"{role}-{index}@{socket.gethostname()}"
+
+
+def request_id(key: str) -> str:
+    """The vLLM request id of row ``key`` ("<shard index>:<row index>"), the same on the prefill
+    and the decode engine: vLLM's NIXL push connector pairs the decode side's registration with
+    the prefill side's finished blocks by this id (less the random suffix vLLM appends after the
+    last "-"), so it must match on both sides and must not contain "-" itself."""
+    return f"row{key}"

@@ -1,0 +1,101 @@
+"""Shard ownership, shared by prefill and colocated workers: read a shard, turn rows into
+prompts, serve each prompt (at most ``job.batch_rows`` in flight), then write the output shard
+atomically and mark the shard done. The owner is the only writer of its output shard."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any, Awaitable, Callable
+
+from pipeline.config import Config
+from pipeline.data.output import RowResult, build_output, row_ids
+from pipeline.data.prompts import Prompt, make_prompts
+from pipeline.data.shards import Shard, output_url, read_shard, write_atomic
+from pipeline.launch.rundir import RunDir
+
+ServeRow = Callable[[Prompt], Awaitable[RowResult]]
+
+
+class Progress:
+    """Rows and output tokens this worker has finished, published to the run directory at most
+    once a second (the launcher's progress bar reads it)."""
+
+    def __init__(self, run: RunDir, worker: str):
+        self.run, self.worker = run, worker
+        self.data = {"worker": worker, "rows": 0, "output_tokens": 0, "shards": 0}
+        self._last = 0.0
+
+    def add(self, rows: int = 0, output_tokens: int = 0, shards: int = 0, force: bool = False) -> None:
+        self.data["rows"] += rows
+        self.data["output_tokens"] += output_tokens
+        self.data["shards"] += shards
+        now = time.monotonic()
+        if force or now - self._last >= 1.0:
+            self._last = now
+            self.run.write_progress(self.worker, self.data)
+
+
+async def own_shards(run: RunDir, cfg: Config, shards: list[Shard], worker: str, tokenizer: Any,
+                     serve: ServeRow) -> None:
+    """Process ``shards`` one after another; skip those already marked done.
+
+    A row that cannot become a prompt, or whose serving raises, becomes an error row; every input
+    row gives exactly one output row, in input order.
+    """
+    job = cfg.job
+    output_dir = run.output_dir()
+    progress = Progress(run, worker)
+    done = run.done()
+    for shard in shards:
+        if shard.name in done:
+            continue
+        t_read = time.time()
+        table = read_shard(shard)
+        ids = row_ids(table, job.id_column, shard.name)
+        keys = [f"{shard.index}:{i}" for i in range(table.num_rows)]
+        if job.text_column in table.column_names:
+            texts = table.column(job.text_column).to_pylist()
+            prompts = make_prompts(texts, keys, job, tokenizer, cfg.model.max_model_len)
+        else:
+            missing = (f"text column {job.text_column!r} is not in the shard "
+                       f"(columns: {', '.join(table.column_names)}); set job.text_column")
+            prompts = [Prompt(row=i, key=k, error=missing) for i, k in enumerate(keys)]
+        limit = asyncio.Semaphore(job.batch_rows)
+
+        async def one(p: Prompt) -> RowResult:
+            if p.error is not None:
+                result = RowResult(error=p.error, prefill_worker=worker)
+            else:
+                async with limit:
+                    t0 = time.time()
+                    try:
+                        result = await serve(p)
+                    except Exception as exc:  # one row's failure must not take the shard down
+                        result = RowResult(error=f"{type(exc).__name__}: {exc}", prefill_worker=worker)
+                    result.queue_s = t0 - t_read
+                    result.prompt_tokens = len(p.token_ids)
+            progress.add(rows=1, output_tokens=result.output_tokens)
+            return result
+
+        results = await asyncio.gather(*(one(p) for p in prompts))
+        write_atomic(build_output(table, ids, job.id_column, job.text_column, results),
+                     output_url(output_dir, shard))
+        run.mark_done(shard, {
+            "shard": shard.name,
+            "rows": len(results),
+            "errors": sum(r.error is not None for r in results),
+            "prompt_tokens": sum(r.prompt_tokens or 0 for r in results),
+            "output_tokens": sum(r.output_tokens for r in results),
+            "kv_bytes": sum(r.kv_bytes for r in results),
+            "worker": worker,
+            "started_at": t_read,
+            "finished_at": time.time(),
+        })
+        progress.add(shards=1, force=True)
+    progress.add(force=True)
+
+
+def shards_for_task(shards: list[Shard], task: int, n_tasks: int) -> list[Shard]:
+    """The shards array task ``task`` of ``n_tasks`` owns: every ``n_tasks``-th, from ``task``."""
+    return [s for s in shards if s.index % n_tasks == task]
