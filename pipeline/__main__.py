@@ -2,15 +2,23 @@
 
 from __future__ import annotations
 
+import signal
 import sys
 
 from pipeline.config import ConfigError, compose
 from pipeline.launch.watch import RunFailed
 
 
+def _interrupt(signum, frame) -> None:
+    raise KeyboardInterrupt
+
+
 def main(argv: list[str] | None = None) -> int:
     """Exit status: 0 done, 1 a worker or shard failed, 2 bad configuration or input."""
     argv = sys.argv[1:] if argv is None else argv
+    # A SIGTERM (scheduler, `timeout`, `kill`) takes the same path as Ctrl-C, which cancels the
+    # workers; otherwise they would outlive the launcher.
+    signal.signal(signal.SIGTERM, _interrupt)
     try:
         cfg = compose(argv)
         from pipeline.run import run_job

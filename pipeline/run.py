@@ -26,6 +26,7 @@ class Summary:
     prompt_tokens: int
     output_tokens: int
     wall_s: float
+    failed: dict[str, str]  # shard name -> why it failed as a whole
 
     @property
     def output_tokens_per_s(self) -> float:
@@ -36,7 +37,8 @@ class Summary:
                 f"prompt tokens {self.prompt_tokens}, output tokens {self.output_tokens} | "
                 f"{self.output_tokens_per_s:.1f} output tok/s | wall {self.wall_s:.1f} s\n"
                 f"output: {self.output} ({self.shards_done}/{self.shards} shards)\n"
-                f"run dir: {self.run_dir}")
+                f"run dir: {self.run_dir}"
+                + "".join(f"\nfailed shard {name}: {why}" for name, why in self.failed.items()))
 
 
 def new_run_dir(cfg: Config) -> Path:
@@ -77,6 +79,7 @@ def run_job(cfg: Config) -> Summary:
         prompt_tokens=sum(d["prompt_tokens"] for d in done.values()),
         output_tokens=sum(d["output_tokens"] for d in done.values()),
         wall_s=time.monotonic() - t0,
+        failed={name: f["error"] for name, f in run.failed().items()},
     )
     write_json(run.path / "summary.json", {**asdict(summary), "output_tokens_per_s": summary.output_tokens_per_s})
     return summary

@@ -6,6 +6,7 @@ Layout::
     RUN_DIR/shards.json            the input shards and the output directory
     RUN_DIR/decode/rank-N.json     a decode worker's control endpoint, written when it is ready
     RUN_DIR/done/SHARD.json        per-shard totals, written after the output shard is in place
+    RUN_DIR/failed/SHARD.json      why a shard failed as a whole (unreadable or unwritable)
     RUN_DIR/progress/WORKER.json   rows and output tokens done so far, rewritten as rows finish
     RUN_DIR/stop                   written by the launcher once every prefill task has ended
     RUN_DIR/logs/                  submitit's per-worker logs
@@ -39,7 +40,7 @@ class RunDir:
 
     # -- written once by the launcher ---------------------------------------------------------
     def create(self, cfg: Config, shards: list[Shard], output_dir: str) -> None:
-        for sub in ("decode", "done", "progress", "logs"):
+        for sub in ("decode", "done", "failed", "progress", "logs"):
             (self.path / sub).mkdir(parents=True, exist_ok=True)
         (self.path / "config.yaml").write_text(to_yaml(cfg))
         write_json(self.path / "shards.json",
@@ -75,6 +76,18 @@ class RunDir:
 
     def mark_done(self, shard: Shard, totals: dict[str, Any]) -> None:
         write_json(self.done_path(shard), totals)
+
+    def mark_failed(self, shard: Shard, error: str, worker: str) -> None:
+        write_json(self.path / "failed" / f"{shard.name}.json",
+                   {"shard": shard.name, "error": error, "worker": worker})
+
+    def failed(self) -> dict[str, dict[str, Any]]:
+        """Shards that failed as a whole (unreadable, unwritable), by name; a later success of
+        the same shard (a re-run) wins."""
+        done = self.done()
+        return {p.name[: -len(".json")]: json.loads(p.read_text())
+                for p in (self.path / "failed").glob("*.json")
+                if p.name[: -len(".json")] not in done}
 
     def done(self) -> dict[str, dict[str, Any]]:
         return {p.name[: -len(".json")]: json.loads(p.read_text())

@@ -37,63 +37,78 @@ class Progress:
 
 
 async def own_shards(run: RunDir, cfg: Config, shards: list[Shard], worker: str, tokenizer: Any,
-                     serve: ServeRow) -> None:
-    """Process ``shards`` one after another; skip those already marked done.
+                     serve: ServeRow, open_shards: int = 2) -> None:
+    """Process ``shards``, skipping those already marked done.
 
-    A row that cannot become a prompt, or whose serving raises, becomes an error row; every input
-    row gives exactly one output row, in input order.
+    At most ``job.batch_rows`` rows are in flight across the worker, taken in shard order, and at
+    most ``open_shards`` shards are open at once, so the next shard's rows start while the
+    previous shard's last rows finish. A row that cannot become a prompt, or whose serving raises,
+    becomes an error row: every input row gives exactly one output row, in input order. A shard
+    that cannot be read or written is recorded as failed (``RUN_DIR/failed/``) and the others go on.
     """
-    job = cfg.job
-    output_dir = run.output_dir()
     progress = Progress(run, worker)
     done = run.done()
-    for shard in shards:
-        if shard.name in done:
-            continue
-        t_read = time.time()
-        table = read_shard(shard)
-        ids = row_ids(table, job.id_column, shard.name)
-        keys = [f"{shard.index}:{i}" for i in range(table.num_rows)]
-        if job.text_column in table.column_names:
-            texts = table.column(job.text_column).to_pylist()
-            prompts = make_prompts(texts, keys, job, tokenizer, cfg.model.max_model_len)
-        else:
-            missing = (f"text column {job.text_column!r} is not in the shard "
-                       f"(columns: {', '.join(table.column_names)}); set job.text_column")
-            prompts = [Prompt(row=i, key=k, error=missing) for i, k in enumerate(keys)]
-        limit = asyncio.Semaphore(job.batch_rows)
+    rows_limit = asyncio.Semaphore(cfg.job.batch_rows)
+    open_limit = asyncio.Semaphore(open_shards)
 
-        async def one(p: Prompt) -> RowResult:
-            if p.error is not None:
-                result = RowResult(error=p.error, prefill_worker=worker)
-            else:
-                async with limit:
-                    t0 = time.time()
-                    try:
-                        result = await serve(p)
-                    except Exception as exc:  # one row's failure must not take the shard down
-                        result = RowResult(error=f"{type(exc).__name__}: {exc}", prefill_worker=worker)
-                    result.queue_s = t0 - t_read
-                    result.prompt_tokens = len(p.token_ids)
-            progress.add(rows=1, output_tokens=result.output_tokens)
-            return result
+    async def one_shard(shard: Shard) -> None:
+        async with open_limit:
+            try:
+                totals = await _own_shard(run, cfg, shard, worker, tokenizer, serve, rows_limit, progress)
+            except Exception as exc:  # a bad shard must not stop the others
+                run.mark_failed(shard, f"{type(exc).__name__}: {exc}", worker)
+                return
+            run.mark_done(shard, totals)
+            progress.add(shards=1, force=True)
 
-        results = await asyncio.gather(*(one(p) for p in prompts))
-        write_atomic(build_output(table, ids, job.id_column, job.text_column, results),
-                     output_url(output_dir, shard))
-        run.mark_done(shard, {
-            "shard": shard.name,
-            "rows": len(results),
-            "errors": sum(r.error is not None for r in results),
-            "prompt_tokens": sum(r.prompt_tokens or 0 for r in results),
-            "output_tokens": sum(r.output_tokens for r in results),
-            "kv_bytes": sum(r.kv_bytes for r in results),
-            "worker": worker,
-            "started_at": t_read,
-            "finished_at": time.time(),
-        })
-        progress.add(shards=1, force=True)
+    await asyncio.gather(*(one_shard(s) for s in shards if s.name not in done))
     progress.add(force=True)
+
+
+async def _own_shard(run: RunDir, cfg: Config, shard: Shard, worker: str, tokenizer: Any,
+                     serve: ServeRow, rows_limit: asyncio.Semaphore, progress: Progress) -> dict:
+    job = cfg.job
+    t_read = time.time()
+    table = await asyncio.to_thread(read_shard, shard)
+    ids = row_ids(table, job.id_column, shard.name)
+    keys = [f"{shard.index}:{i}" for i in range(table.num_rows)]
+    if job.text_column in table.column_names:
+        texts = table.column(job.text_column).to_pylist()
+        prompts = make_prompts(texts, keys, job, tokenizer, cfg.model.max_model_len)
+    else:
+        missing = (f"text column {job.text_column!r} is not in the shard "
+                   f"(columns: {', '.join(table.column_names)}); set job.text_column")
+        prompts = [Prompt(row=i, key=k, error=missing) for i, k in enumerate(keys)]
+
+    async def one(p: Prompt) -> RowResult:
+        if p.error is not None:
+            result = RowResult(error=p.error, prefill_worker=worker)
+        else:
+            async with rows_limit:
+                t0 = time.time()
+                try:
+                    result = await serve(p)
+                except Exception as exc:  # one row's failure must not take the shard down
+                    result = RowResult(error=f"{type(exc).__name__}: {exc}", prefill_worker=worker)
+                result.queue_s = t0 - t_read
+                result.prompt_tokens = len(p.token_ids)
+        progress.add(rows=1, output_tokens=result.output_tokens)
+        return result
+
+    results = await asyncio.gather(*(one(p) for p in prompts))
+    table_out = build_output(table, ids, job.id_column, job.text_column, results)
+    await asyncio.to_thread(write_atomic, table_out, output_url(run.output_dir(), shard))
+    return {
+        "shard": shard.name,
+        "rows": len(results),
+        "errors": sum(r.error is not None for r in results),
+        "prompt_tokens": sum(r.prompt_tokens or 0 for r in results),
+        "output_tokens": sum(r.output_tokens for r in results),
+        "kv_bytes": sum(r.kv_bytes for r in results),
+        "worker": worker,
+        "started_at": t_read,
+        "finished_at": time.time(),
+    }
 
 
 def shards_for_task(shards: list[Shard], task: int, n_tasks: int) -> list[Shard]:

