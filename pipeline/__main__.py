@@ -21,9 +21,15 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, _interrupt)
     try:
         cfg = compose(argv)
-        from pipeline.run import run_job
+        from pipeline.run import start_job
 
-        summary = run_job(cfg)
+        handle = start_job(cfg)
+        wait = cfg.run.wait if cfg.run.wait is not None else cfg.cluster.launcher == "local"
+        if not wait:
+            print(f"submitted jobs {', '.join(handle.job_ids)}\nrun dir: {handle.run_dir}\n"
+                  f"follow: {sys.executable} -m pipeline.status {handle.run_dir}")
+            return 0
+        summary = handle.wait(progress=cfg.run.progress)
     except (ConfigError, FileNotFoundError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -1,16 +1,16 @@
-"""Run a job: create the run directory, launch the workers, wait, and summarise."""
+"""Start a job, follow it, and summarise it: the code behind the CLI and ``pipeline.submit``."""
 
 from __future__ import annotations
 
 import datetime as dt
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from pipeline.config import Config
 from pipeline.data.shards import list_shards
 from pipeline.launch.rundir import RunDir, write_json
-from pipeline.launch.watch import watch
+from pipeline.launch.watch import Jobs, watch
 
 
 @dataclass
@@ -26,7 +26,7 @@ class Summary:
     prompt_tokens: int
     output_tokens: int
     wall_s: float
-    failed: dict[str, str]  # shard name -> why it failed as a whole
+    failed: dict[str, str] = field(default_factory=dict)  # shard name -> why it failed as a whole
 
     @property
     def output_tokens_per_s(self) -> float:
@@ -48,38 +48,87 @@ def new_run_dir(cfg: Config) -> Path:
     return Path(cfg.run.root) / cfg.job.name / stamp
 
 
-def run_job(cfg: Config) -> Summary:
-    """Run ``cfg`` to the end and return its :class:`Summary` (also written to
-    ``RUN_DIR/summary.json``).
+class RunHandle:
+    """A launched run. ``status()`` reads the run directory (cheap, any time); ``wait()`` follows
+    the run to its end; ``result()`` opens the output shards as a pyarrow dataset."""
+
+    def __init__(self, cfg: Config, run: RunDir, jobs: Jobs, output: str, n_shards: int, total_rows: int):
+        self.cfg, self.run, self.jobs, self.output = cfg, run, jobs, output
+        self.n_shards, self.total_rows = n_shards, total_rows
+        self.started = time.monotonic()
+        self._summary: Summary | None = None
+
+    @property
+    def run_dir(self) -> Path:
+        return self.run.path
+
+    @property
+    def job_ids(self) -> list[str]:
+        return [j.job_id for j in self.jobs.all()]
+
+    def status(self) -> dict:
+        """Shards done / failed / total, rows finished, and each job's scheduler state."""
+        done, failed = self.run.done(), self.run.failed()
+        return {"shards": self.n_shards, "shards_done": len(done), "shards_failed": len(failed),
+                "rows": self.total_rows, "rows_done": sum(p["rows"] for p in self.run.progress()),
+                "jobs": {j.job_id: j.state for j in self.jobs.all()},
+                "finished": all(j.done() for j in self.jobs.owners)}
+
+    def wait(self, progress: bool = False) -> Summary:
+        """Follow the run to its end and return its :class:`Summary` (also written to
+        ``RUN_DIR/summary.json``).
+
+        Raises:
+            pipeline.launch.watch.RunFailed: a worker failed.
+        """
+        if self._summary is None:
+            watch(self.run, self.jobs, self.total_rows, progress=progress)
+            self._summary = summarize(self.run, self.output, self.n_shards, time.monotonic() - self.started)
+        return self._summary
+
+    def result(self):
+        """The output shards as a ``pyarrow.dataset.Dataset`` (waits for the run first)."""
+        import pyarrow.dataset as ds
+
+        self.wait()
+        return ds.dataset(self.output, format="parquet")
+
+
+def start_job(cfg: Config) -> RunHandle:
+    """Create the run directory and launch the workers of ``cfg``; returns without waiting.
 
     Raises:
         FileNotFoundError: ``job.input`` holds no Parquet shards.
-        pipeline.launch.watch.RunFailed: a worker failed.
     """
     from pipeline.roles.engine import model_path
 
     shards = list_shards(cfg.job.input)
+    total_rows = sum(_num_rows(s.url) for s in shards)
     run = RunDir(new_run_dir(cfg))
     output = cfg.job.output or str(run.path / "output")
-    run.create(cfg, shards, output)
+    run.create(cfg, shards, output, total_rows)
     model_path(cfg)  # convert the bundled model once, before workers start
-    t0 = time.monotonic()
     if cfg.cluster.launcher == "local":
         from pipeline.launch.local import launch_local
 
         jobs = launch_local(cfg, run)
     else:
-        raise NotImplementedError(f"cluster.launcher={cfg.cluster.launcher!r} is not available yet")
-    total_rows = sum(_num_rows(s.url) for s in shards)
-    watch(run, jobs, total_rows, progress=cfg.run.progress)
+        from pipeline.launch.slurm import launch_slurm
+
+        jobs = launch_slurm(cfg, run, len(shards))
+    write_json(run.path / "jobs.json", {"owners": [j.job_id for j in jobs.owners],
+                                        "servers": [j.job_id for j in jobs.servers]})
+    return RunHandle(cfg, run, jobs, output, len(shards), total_rows)
+
+
+def summarize(run: RunDir, output: str, n_shards: int, wall_s: float) -> Summary:
     done = run.done()
     summary = Summary(
-        run_dir=str(run.path), output=output, shards=len(shards), shards_done=len(done),
+        run_dir=str(run.path), output=output, shards=n_shards, shards_done=len(done),
         rows=sum(d["rows"] for d in done.values()), errors=sum(d["errors"] for d in done.values()),
         prompt_tokens=sum(d["prompt_tokens"] for d in done.values()),
         output_tokens=sum(d["output_tokens"] for d in done.values()),
-        wall_s=time.monotonic() - t0,
-        failed={name: f["error"] for name, f in run.failed().items()},
+        wall_s=wall_s, failed={name: f["error"] for name, f in run.failed().items()},
     )
     write_json(run.path / "summary.json", {**asdict(summary), "output_tokens_per_s": summary.output_tokens_per_s})
     return summary

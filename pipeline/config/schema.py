@@ -9,7 +9,7 @@ composed config into these objects.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Any, Optional
 
 from omegaconf import MISSING
 
@@ -57,11 +57,13 @@ class JobConfig:
     system_prompt: Optional[str] = None
     prompt_template: str = "{text}"
     sampling: SamplingConfig = field(default_factory=SamplingConfig)
-    batch_rows: int = 16  # rows a prefill worker keeps in flight per batch
+    batch_rows: int = 16  # rows a shard owner keeps in flight
+    checkpoint_rows: int = 4  # finished rows saved together so a restarted owner resumes mid-shard
 
     def __post_init__(self) -> None:
         _check("{text}" in self.prompt_template, "job.prompt_template", "must contain {text}")
         _check(self.batch_rows >= 1, "job.batch_rows", f"must be >= 1, got {self.batch_rows}")
+        _check(self.checkpoint_rows >= 1, "job.checkpoint_rows", f"must be >= 1, got {self.checkpoint_rows}")
 
 
 @dataclass
@@ -95,18 +97,45 @@ class ModelConfig:
 
 @dataclass
 class ClusterConfig:
-    """Where workers run. ``launcher=local`` uses submitit's local executor (one process per
-    worker on this machine); ``cpu_bind=partition`` pins each local worker's engine to its own
-    slice of this machine's cores (``VLLM_CPU_OMP_THREADS_BIND``), ``auto`` leaves it to vLLM."""
+    """Where workers run.
+
+    ``launcher=local``: submitit's local executor, one process per worker on this machine.
+    ``launcher=slurm``: the decode ranks as one Slurm job (one task per rank) and the shard owners
+    as a job array started after the decode job (``--dependency=after``).
+
+    CPU binding of each engine (``VLLM_CPU_OMP_THREADS_BIND``): ``prefill_cpus`` /
+    ``decode_cpus`` when set (a core list such as ``"0"`` or ``"0,1"``); otherwise
+    ``cpu_bind=partition`` splits this machine's cores between local workers and ``auto`` leaves
+    it to vLLM (right on a cluster, where Slurm confines each task).
+    """
 
     name: str = MISSING
     launcher: str = "local"
     cpu_bind: str = "partition"
-    timeout_min: int = 120  # minutes a worker may run
+    prefill_cpus: Optional[str] = None
+    decode_cpus: Optional[str] = None
+    timeout_min: int = 120  # minutes a worker may run (Slurm: the time limit)
+    # -- Slurm --
+    partition: Optional[str] = None
+    account: Optional[str] = None
+    qos: Optional[str] = None
+    constraint: Optional[str] = None  # node feature(s), e.g. "ib" for InfiniBand nodes
+    gpus_per_task: int = 0
+    cpus_per_task: Optional[int] = None
+    mem_gb: Optional[float] = None
+    exclusive: bool = False
+    decode_ranks_per_node: int = 1
+    shards_per_task: Optional[int] = None  # shards one prefill array task owns; null: spread over pools.prefill tasks
+    max_array_size: Optional[int] = None  # null: the cluster's MaxArraySize (scontrol show config)
+    additional_parameters: dict[str, Any] = field(default_factory=dict)  # extra sbatch options
+    setup: list[str] = field(default_factory=list)  # shell lines run before each worker (module load ...)
 
     def __post_init__(self) -> None:
         _check(self.launcher in LAUNCHERS, "cluster.launcher", f"must be one of {sorted(LAUNCHERS)}, got {self.launcher!r}")
         _check(self.cpu_bind in CPU_BIND, "cluster.cpu_bind", f"must be one of {sorted(CPU_BIND)}, got {self.cpu_bind!r}")
+        _check(self.timeout_min >= 1, "cluster.timeout_min", f"must be >= 1, got {self.timeout_min}")
+        _check(self.decode_ranks_per_node >= 1, "cluster.decode_ranks_per_node", "must be >= 1")
+        _check(self.shards_per_task is None or self.shards_per_task >= 1, "cluster.shards_per_task", "must be >= 1")
 
 
 @dataclass
@@ -128,12 +157,16 @@ class PoolsConfig:
 class TransportConfig:
     """How KV moves from prefill to decode. ``connector``: ``NixlPushConnector`` (prefill WRITEs
     into decode's blocks) or ``NixlConnector`` (decode READs from prefill's blocks).
-    ``host`` is the address workers bind their NIXL side channel and control socket to;
-    ``base_port`` + a per-worker offset gives each a unique port."""
+    Workers bind their NIXL side channel and control socket to the address of ``interface``
+    (``ib0``) when set, else ``host`` when set, else loopback (local) or the node's address
+    (cluster). ``base_port`` + 10 x worker slot gives fixed ports; 0 picks free ones.
+    ``ucx_tls`` / ``ucx_net_devices`` become ``UCX_TLS`` / ``UCX_NET_DEVICES`` for NIXL's UCX
+    backend (e.g. ``rc,ud,sm,self`` and ``mlx5_0:1`` on InfiniBand)."""
 
     name: str = MISSING
     connector: str = "NixlPushConnector"
-    host: str = "127.0.0.1"
+    host: Optional[str] = None
+    interface: Optional[str] = None
     base_port: int = 0  # 0: pick free ports at start
     ucx_tls: Optional[str] = None
     ucx_net_devices: Optional[str] = None
@@ -147,11 +180,13 @@ class TransportConfig:
 
 @dataclass
 class RunConfig:
-    """The run directory: ``dir`` when set, else ``root/<job>/<timestamp>``."""
+    """The run directory (on a file system every node sees): ``dir`` when set, else
+    ``root/<job>/<timestamp>``."""
 
     root: str = "outputs"
     dir: Optional[str] = None
     progress: bool = True
+    wait: Optional[bool] = None  # wait for the end; null: yes locally, no on Slurm
 
 
 @dataclass

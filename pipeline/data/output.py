@@ -23,9 +23,14 @@ Columns (documented in the README):
 
 from __future__ import annotations
 
+import asyncio
+import shutil
+import uuid
 from dataclasses import dataclass, fields
+from pathlib import Path
 
 import pyarrow as pa
+import pyarrow.parquet as pq
 
 
 @dataclass
@@ -96,3 +101,46 @@ def build_output(table: pa.Table, ids: pa.Array, id_column: str, text_column: st
     for field in RESULT_SCHEMA:
         columns[field.name] = pa.array([getattr(r, field.name) for r in results], field.type)
     return pa.table(columns)
+
+
+class RowCheckpoint:
+    """Results of finished rows of one shard, saved in batches so a restarted owner (killed,
+    preempted, requeued) resumes inside the shard instead of from its start.
+
+    Each batch of ``every`` finished rows becomes one Parquet file in ``directory`` (a row index
+    column plus the result columns), written under a temporary name and renamed. Rows still in
+    flight when the owner dies are served again.
+    """
+
+    def __init__(self, directory: Path, every: int):
+        self.directory, self.every = Path(directory), max(1, every)
+        self.pending: list[tuple[int, RowResult]] = []
+
+    def load(self) -> dict[int, RowResult]:
+        """Finished rows saved by earlier attempts, by row index."""
+        out: dict[int, RowResult] = {}
+        for part in sorted(self.directory.glob("part-*.parquet")):
+            for rec in pq.read_table(part).to_pylist():
+                row = rec.pop("row")
+                out[row] = RowResult(**rec)
+        return out
+
+    async def add(self, row: int, result: RowResult) -> None:
+        self.pending.append((row, result))
+        if len(self.pending) >= self.every:
+            batch, self.pending = self.pending, []
+            await asyncio.to_thread(self._write, batch)
+
+    def _write(self, batch: list[tuple[int, RowResult]]) -> None:
+        self.directory.mkdir(parents=True, exist_ok=True)
+        cols = {"row": pa.array([r for r, _ in batch], pa.int64())}
+        for f in RESULT_SCHEMA:
+            cols[f.name] = pa.array([getattr(res, f.name) for _, res in batch], f.type)
+        name = f"part-{uuid.uuid4().hex}.parquet"
+        tmp = self.directory / f".{name}.tmp"
+        pq.write_table(pa.table(cols), tmp)
+        tmp.rename(self.directory / name)
+
+    def clear(self) -> None:
+        """Drop the checkpoints once the output shard is in place."""
+        shutil.rmtree(self.directory, ignore_errors=True)

@@ -4,16 +4,13 @@
 from __future__ import annotations
 
 import os
-import socket
 
 import submitit
 
 from pipeline.config import Config
 from pipeline.launch.rundir import RunDir
+from pipeline.launch.jobs import DecodeJob, OwnerJob
 from pipeline.launch.watch import Jobs
-from pipeline.roles.colocated import colocated_main
-from pipeline.roles.decode import decode_main
-from pipeline.roles.prefill import prefill_main
 
 
 def cpu_slices(n_workers: int, cpu_bind: str) -> list[str | None]:
@@ -38,20 +35,6 @@ def cpu_slices(n_workers: int, cpu_bind: str) -> list[str | None]:
     return out
 
 
-def free_ports(n: int, host: str) -> list[int]:
-    """``n`` distinct TCP ports free on ``host`` right now (for NIXL side channels)."""
-    socks = []
-    try:
-        for _ in range(n):
-            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            s.bind((host, 0))
-            socks.append(s)
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
-
-
 def launch_local(cfg: Config, run: RunDir) -> Jobs:
     """Start the workers of ``cfg.pools`` as local processes; returns their submitit jobs."""
     ex = submitit.LocalExecutor(folder=str(run.logs / "%j"))
@@ -59,13 +42,10 @@ def launch_local(cfg: Config, run: RunDir) -> Jobs:
     p, d, path = cfg.pools.prefill, cfg.pools.decode, str(run.path)
     if cfg.pools.mode == "colocated":
         cpus = cpu_slices(p, cfg.cluster.cpu_bind)
-        owners = [ex.submit(colocated_main, path, i, p, cpus[i]) for i in range(p)]
-        return Jobs(owners=owners, servers=[])
+        owner = OwnerJob("colocated", path, p)
+        return Jobs(owners=[ex.submit(owner, i, cfg.cluster.prefill_cpus or cpus[i]) for i in range(p)])
     cpus = cpu_slices(p + d, cfg.cluster.cpu_bind)
-    if cfg.transport.base_port:
-        ports = [cfg.transport.base_port + 10 * i for i in range(p + d)]
-    else:
-        ports = free_ports(p + d, cfg.transport.host)
-    servers = [ex.submit(decode_main, path, r, cpus[p + r], ports[p + r]) for r in range(d)]
-    owners = [ex.submit(prefill_main, path, i, p, cpus[i], ports[i]) for i in range(p)]
+    decode, prefill = DecodeJob(path), OwnerJob("prefill", path, p)
+    servers = [ex.submit(decode, r, cfg.cluster.decode_cpus or cpus[p + r]) for r in range(d)]
+    owners = [ex.submit(prefill, i, cfg.cluster.prefill_cpus or cpus[i]) for i in range(p)]
     return Jobs(owners=owners, servers=servers)

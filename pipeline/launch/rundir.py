@@ -39,12 +39,12 @@ class RunDir:
         self.path = Path(path).resolve()
 
     # -- written once by the launcher ---------------------------------------------------------
-    def create(self, cfg: Config, shards: list[Shard], output_dir: str) -> None:
+    def create(self, cfg: Config, shards: list[Shard], output_dir: str, rows: int | None = None) -> None:
         for sub in ("decode", "done", "failed", "progress", "logs"):
             (self.path / sub).mkdir(parents=True, exist_ok=True)
         (self.path / "config.yaml").write_text(to_yaml(cfg))
         write_json(self.path / "shards.json",
-                   {"output": output_dir, "shards": [asdict(s) for s in shards]})
+                   {"output": output_dir, "rows": rows, "shards": [asdict(s) for s in shards]})
 
     def config(self) -> Config:
         return from_yaml(self.path / "config.yaml")
@@ -105,6 +105,11 @@ class RunDir:
             except (OSError, ValueError):
                 continue
         return out
+
+    def all_settled(self) -> bool:
+        """Every shard of the run is done or failed."""
+        settled = set(self.done()) | {p.name[: -len(".json")] for p in (self.path / "failed").glob("*.json")}
+        return all(s.name in settled for s in self.shards())
 
     def request_stop(self) -> None:
         (self.path / "stop").touch()

@@ -18,10 +18,15 @@ class Handoff(msgspec.Struct, tag="handoff"):
 
     ``kv_transfer_params`` is the dict vLLM returned with the prefill output (the NIXL connector's
     block ids, engine id and side-channel address), passed to decode unchanged.
-    Times are wall-clock seconds since the epoch (``time.time()``).
+    ``owner`` is the prefill worker's id and ``attempt`` the start time of its process: a decode
+    worker that sees a newer attempt of an owner drops what an older attempt left in flight (the
+    owner was restarted and serves those rows again). Times are wall-clock seconds since the epoch
+    (``time.time()``).
     """
 
     key: str
+    owner: str
+    attempt: float
     prompt_token_ids: list[int]
     max_tokens: int
     temperature: float

@@ -27,7 +27,7 @@ async def _colocated(run: RunDir, task: int, n_tasks: int, cpus: str | None) -> 
     shards = shards_for_task(run.shards(), task, n_tasks)
     if not shards:
         return worker
-    engine = build_engine(cfg, "colocated", cpus=cpus, side_channel_port=None)
+    engine = build_engine(cfg, "colocated", cpus=cpus)
     params = sampling_params(cfg.job.sampling)
 
     async def serve(p: Prompt) -> RowResult:

@@ -1,7 +1,7 @@
 """Decode worker: accepts hand-offs over the control channel, lets vLLM take each request's KV
 over NIXL (``do_remote_prefill``), runs continuous batching across all live requests, and
-answers each hand-off with its generation. Exits once the launcher asks it to stop and nothing is
-in flight."""
+answers each hand-off with its generation. Exits when nothing is in flight and either every
+shard is done or failed, or the launcher asked it to stop."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ import msgspec
 import zmq
 import zmq.asyncio
 
+from pipeline.launch.net import side_channel_port, worker_host
 from pipeline.launch.rundir import RunDir
 from pipeline.roles.channel import Handoff, Result, decode, encode
 from pipeline.roles.engine import build_engine, request_id, sampling_params, stream, worker_id
@@ -20,21 +21,25 @@ from pipeline.roles.engine import build_engine, request_id, sampling_params, str
 log = logging.getLogger(__name__)
 
 
-def decode_main(run_dir: str, rank: int, cpus: str | None, side_channel_port: int) -> str:
+def decode_main(run_dir: str, rank: int, cpus: str | None) -> str:
     """Entry point of decode rank ``rank`` (one process). Returns the worker id."""
-    return asyncio.run(_decode(RunDir(run_dir), rank, cpus, side_channel_port))
+    return asyncio.run(_decode(RunDir(run_dir), rank, cpus))
 
 
-async def _decode(run: RunDir, rank: int, cpus: str | None, side_channel_port: int) -> str:
+async def _decode(run: RunDir, rank: int, cpus: str | None) -> str:
     cfg = run.config()
     worker = worker_id("decode", rank)
-    engine = build_engine(cfg, "decode", cpus=cpus, side_channel_port=side_channel_port)
+    host = worker_host(cfg)
+    engine = build_engine(cfg, "decode", cpus=cpus,
+                          side_channel=(host, side_channel_port(cfg, rank, host)))
     ctx = zmq.asyncio.Context()
     sock = ctx.socket(zmq.ROUTER)
     sock.setsockopt(zmq.LINGER, 1000)
-    port = sock.bind_to_random_port(f"tcp://{cfg.transport.host}")
-    run.publish_decode(rank, f"tcp://{cfg.transport.host}:{port}", worker)
+    port = sock.bind_to_random_port(f"tcp://{host}")
+    # Publishing (again, after a requeue) is what lets prefill workers find this rank.
+    run.publish_decode(rank, f"tcp://{host}:{port}", worker)
     live: set[asyncio.Task] = set()
+    attempts: dict[str, tuple[float, set[asyncio.Task]]] = {}  # owner -> (newest attempt, its tasks)
 
     async def serve(peer: bytes, h: Handoff) -> None:
         arrived = time.time()
@@ -66,10 +71,21 @@ async def _decode(run: RunDir, rank: int, cpus: str | None, side_channel_port: i
                     log.warning("dropping a malformed message: %s", exc)
                     continue
                 if isinstance(msg, Handoff):
+                    newest, tasks = attempts.get(msg.owner, (msg.attempt, set()))
+                    if msg.attempt > newest:
+                        # The owner restarted: its earlier attempt's requests have no reader.
+                        for t in tasks:
+                            t.cancel()
+                        newest, tasks = msg.attempt, set()
+                    elif msg.attempt < newest:
+                        continue
                     task = asyncio.create_task(serve(peer, msg))
                     live.add(task)
+                    tasks.add(task)
+                    attempts[msg.owner] = (newest, tasks)
                     task.add_done_callback(live.discard)
-            elif not live and run.stop_requested():
+                    task.add_done_callback(tasks.discard)
+            elif not live and (run.stop_requested() or run.all_settled()):
                 break
     finally:
         sock.close()

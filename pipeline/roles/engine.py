@@ -19,11 +19,11 @@ if TYPE_CHECKING:
 Role = Literal["prefill", "decode", "colocated"]
 
 
-def engine_env(cfg: Config, *, cpus: str | None, side_channel_port: int | None) -> dict[str, str]:
+def engine_env(cfg: Config, *, cpus: str | None, side_channel: tuple[str, int] | None) -> dict[str, str]:
     """Environment variables for one worker's engine.
 
-    ``cpus`` is a core list for ``VLLM_CPU_OMP_THREADS_BIND`` (``"0"``, ``"0-3"``) or None for
-    vLLM's own choice. ``side_channel_port`` is this worker's NIXL handshake port.
+    ``cpus`` is a core list for ``VLLM_CPU_OMP_THREADS_BIND`` (``"0"``, ``"0,1"``) or None for
+    vLLM's own choice. ``side_channel`` is this worker's NIXL handshake (host, port).
     """
     env = {
         "VLLM_CPU_KVCACHE_SPACE": f"{cfg.model.kv_cache_gib:g}",
@@ -33,9 +33,9 @@ def engine_env(cfg: Config, *, cpus: str | None, side_channel_port: int | None) 
     if cpus is not None:
         env["VLLM_CPU_OMP_THREADS_BIND"] = cpus
         env["VLLM_CPU_NUM_OF_RESERVED_CPU"] = "0"
-    if side_channel_port is not None:
-        env["VLLM_NIXL_SIDE_CHANNEL_HOST"] = cfg.transport.host
-        env["VLLM_NIXL_SIDE_CHANNEL_PORT"] = str(side_channel_port)
+    if side_channel is not None:
+        env["VLLM_NIXL_SIDE_CHANNEL_HOST"] = side_channel[0]
+        env["VLLM_NIXL_SIDE_CHANNEL_PORT"] = str(side_channel[1])
     if cfg.transport.ucx_tls:
         env["UCX_TLS"] = cfg.transport.ucx_tls
     if cfg.transport.ucx_net_devices:
@@ -43,13 +43,14 @@ def engine_env(cfg: Config, *, cpus: str | None, side_channel_port: int | None) 
     return env
 
 
-def build_engine(cfg: Config, role: Role, *, cpus: str | None, side_channel_port: int | None) -> "AsyncLLM":
+def build_engine(cfg: Config, role: Role, *, cpus: str | None,
+                 side_channel: tuple[str, int] | None = None) -> "AsyncLLM":
     """Start a vLLM ``AsyncLLM`` engine for ``role`` (~30-120 s on 2 CPU cores; longer the first time, while
     torch.compile fills its cache).
 
     Sets this process's environment first (the engine core is a spawned child that inherits it).
     """
-    os.environ.update(engine_env(cfg, cpus=cpus, side_channel_port=side_channel_port))
+    os.environ.update(engine_env(cfg, cpus=cpus, side_channel=side_channel))
     from vllm.config import KVTransferConfig
     from vllm.engine.arg_utils import AsyncEngineArgs
     from vllm.v1.engine.async_llm import AsyncLLM

@@ -9,7 +9,7 @@ import time
 from typing import Any, Awaitable, Callable
 
 from pipeline.config import Config
-from pipeline.data.output import RowResult, build_output, row_ids
+from pipeline.data.output import RowCheckpoint, RowResult, build_output, row_ids
 from pipeline.data.prompts import Prompt, make_prompts
 from pipeline.data.shards import Shard, output_url, read_shard, write_atomic
 from pipeline.launch.rundir import RunDir
@@ -80,7 +80,12 @@ async def _own_shard(run: RunDir, cfg: Config, shard: Shard, worker: str, tokeni
                    f"(columns: {', '.join(table.column_names)}); set job.text_column")
         prompts = [Prompt(row=i, key=k, error=missing) for i, k in enumerate(keys)]
 
+    checkpoint = RowCheckpoint(run.path / "checkpoints" / shard.name, job.checkpoint_rows)
+    resumed = checkpoint.load()
+
     async def one(p: Prompt) -> RowResult:
+        if p.row in resumed:
+            return resumed[p.row]
         if p.error is not None:
             result = RowResult(error=p.error, prefill_worker=worker)
         else:
@@ -93,11 +98,14 @@ async def _own_shard(run: RunDir, cfg: Config, shard: Shard, worker: str, tokeni
                 result.queue_s = t0 - t_read
                 result.prompt_tokens = len(p.token_ids)
         progress.add(rows=1, output_tokens=result.output_tokens)
+        await checkpoint.add(p.row, result)
         return result
 
+    progress.add(rows=len(resumed), output_tokens=sum(r.output_tokens for r in resumed.values()))
     results = await asyncio.gather(*(one(p) for p in prompts))
     table_out = build_output(table, ids, job.id_column, job.text_column, results)
     await asyncio.to_thread(write_atomic, table_out, output_url(run.output_dir(), shard))
+    checkpoint.clear()
     return {
         "shard": shard.name,
         "rows": len(results),
@@ -106,6 +114,7 @@ async def _own_shard(run: RunDir, cfg: Config, shard: Shard, worker: str, tokeni
         "output_tokens": sum(r.output_tokens for r in results),
         "kv_bytes": sum(r.kv_bytes for r in results),
         "worker": worker,
+        "resumed_rows": len(resumed),
         "started_at": t_read,
         "finished_at": time.time(),
     }

@@ -13,6 +13,7 @@ import zmq.asyncio
 from pipeline.config import Config
 from pipeline.data.output import RowResult
 from pipeline.data.prompts import Prompt
+from pipeline.launch.net import side_channel_port, worker_host
 from pipeline.launch.rundir import RunDir
 from pipeline.roles.channel import Handoff, Result, decode, encode
 from pipeline.roles.engine import (
@@ -99,19 +100,22 @@ class DecodeClients:
         self.ctx.term()
 
 
-def prefill_main(run_dir: str, task: int, n_tasks: int, cpus: str | None, side_channel_port: int) -> str:
+def prefill_main(run_dir: str, task: int, n_tasks: int, cpus: str | None) -> str:
     """Entry point of prefill array task ``task`` of ``n_tasks`` (one process). Returns the
     worker id."""
-    return asyncio.run(_prefill(RunDir(run_dir), task, n_tasks, cpus, side_channel_port))
+    return asyncio.run(_prefill(RunDir(run_dir), task, n_tasks, cpus))
 
 
-async def _prefill(run: RunDir, task: int, n_tasks: int, cpus: str | None, side_channel_port: int) -> str:
+async def _prefill(run: RunDir, task: int, n_tasks: int, cpus: str | None) -> str:
+    attempt = time.time()
     cfg: Config = run.config()
     worker = worker_id("prefill", task)
     shards = shards_for_task(run.shards(), task, n_tasks)
     if not shards:
         return worker
-    engine = build_engine(cfg, "prefill", cpus=cpus, side_channel_port=side_channel_port)
+    host = worker_host(cfg)
+    port = side_channel_port(cfg, cfg.pools.decode + task, host)
+    engine = build_engine(cfg, "prefill", cpus=cpus, side_channel=(host, port))
     kv_per_token = kv_bytes_per_token(cfg)
     prefill_params = sampling_params(cfg.job.sampling, max_tokens=1, kv_transfer_params=REMOTE_DECODE)
     clients = None
@@ -126,7 +130,7 @@ async def _prefill(run: RunDir, task: int, n_tasks: int, cpus: str | None, side_
             if not pre.kv_transfer_params:
                 raise RuntimeError("prefill returned no kv_transfer_params; is a NIXL connector configured?")
             res = await clients.handoff(Handoff(
-                key=p.key, prompt_token_ids=p.token_ids, max_tokens=cfg.job.sampling.max_new_tokens,
+                key=p.key, owner=worker, attempt=attempt, prompt_token_ids=p.token_ids, max_tokens=cfg.job.sampling.max_new_tokens,
                 temperature=cfg.job.sampling.temperature, top_p=cfg.job.sampling.top_p,
                 seed=cfg.job.sampling.seed, kv_transfer_params=pre.kv_transfer_params,
                 prefill_done_at=t_prefilled))

@@ -1,0 +1,27 @@
+"""The notebook API::
+
+    from pipeline import submit
+    run = submit("+job=summarize", "cluster=slurm", "pools.prefill=2")
+    run.status()          # shards done / total, job states
+    table = run.result()  # waits, then the output shards as a pyarrow dataset
+"""
+
+from __future__ import annotations
+
+from pipeline.config import compose
+from pipeline.run import RunHandle, start_job
+
+
+def submit(*overrides: str) -> RunHandle:
+    """Compose the same Hydra config as ``python -m pipeline`` with ``overrides`` (``+job=NAME``
+    first; ``+job=summarize`` is added when no job is named), launch it, and return its
+    :class:`~pipeline.run.RunHandle` without waiting.
+
+    Raises:
+        pipeline.config.ConfigError: a bad override (the message names the key).
+        FileNotFoundError: ``job.input`` holds no Parquet shards.
+    """
+    args = list(overrides)
+    if not any(a.lstrip("+~").startswith("job=") for a in args):
+        args.insert(0, "+job=summarize")
+    return start_job(compose(args))

@@ -1,0 +1,48 @@
+"""The job functions submitit runs, one process each, locally or on Slurm.
+
+They are small callables rather than plain functions so that submitit can requeue them on a time
+limit or preemption (``checkpoint`` returns the same call again): nothing needs saving here, a
+restarted worker resumes from the run directory (done shards, row checkpoints, decode endpoints).
+"""
+
+from __future__ import annotations
+
+import submitit
+
+
+class DecodeJob:
+    """Decode rank(s). On Slurm one job runs every rank, one task each; the rank is the task's
+    global rank."""
+
+    def __init__(self, run_dir: str):
+        self.run_dir = run_dir
+
+    def __call__(self, rank: int | None = None, cpus: str | None = None) -> str:
+        from pipeline.roles.decode import decode_main
+
+        if rank is None:
+            rank = submitit.JobEnvironment().global_rank
+        return decode_main(self.run_dir, rank, cpus)
+
+    def checkpoint(self, *args, **kwargs) -> submitit.helpers.DelayedSubmission:
+        return submitit.helpers.DelayedSubmission(self, *args, **kwargs)
+
+
+class OwnerJob:
+    """A shard owner: a prefill worker (``role="prefill"``) or a colocated worker. Task ``task``
+    of ``n_tasks`` owns every ``n_tasks``-th shard from ``task``."""
+
+    def __init__(self, role: str, run_dir: str, n_tasks: int):
+        self.role, self.run_dir, self.n_tasks = role, run_dir, n_tasks
+
+    def __call__(self, task: int, cpus: str | None = None) -> str:
+        if self.role == "prefill":
+            from pipeline.roles.prefill import prefill_main
+
+            return prefill_main(self.run_dir, task, self.n_tasks, cpus)
+        from pipeline.roles.colocated import colocated_main
+
+        return colocated_main(self.run_dir, task, self.n_tasks, cpus)
+
+    def checkpoint(self, *args, **kwargs) -> submitit.helpers.DelayedSubmission:
+        return submitit.helpers.DelayedSubmission(self, *args, **kwargs)

@@ -1,0 +1,80 @@
+"""Slurm launcher (submitit): the decode ranks as one job, one task per rank; the shard owners
+as a job array over groups of shards whose parallelism is the prefill pool size, held until the
+decode job has started (``--dependency=after:JOBID``) so prefill never holds nodes while decode
+waits in the queue. Arrays larger than the cluster's ``MaxArraySize`` are split into chunks, each
+held until the previous chunk ends, so at most ``pools.prefill`` tasks run at once."""
+
+from __future__ import annotations
+
+import math
+import re
+import subprocess
+
+import submitit
+
+from pipeline.config import Config
+from pipeline.launch.jobs import DecodeJob, OwnerJob
+from pipeline.launch.rundir import RunDir
+from pipeline.launch.watch import Jobs
+
+
+def max_array_size() -> int:
+    """Array tasks one job may have: the cluster's ``MaxArraySize`` (its highest index is one
+    less). 1001 (Slurm's default) when ``scontrol`` does not say."""
+    try:
+        out = subprocess.run(["scontrol", "show", "config"], capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return 1001
+    m = re.search(r"^MaxArraySize\s*=\s*(\d+)", out, re.M)
+    return int(m.group(1)) if m else 1001
+
+
+def owner_tasks(cfg: Config, n_shards: int) -> int:
+    """Array tasks over ``n_shards`` shards: one per ``cluster.shards_per_task`` shards, or
+    ``pools.prefill`` when that is unset; never more than there are shards."""
+    per = cfg.cluster.shards_per_task
+    n = math.ceil(n_shards / per) if per else cfg.pools.prefill
+    return max(1, min(n, n_shards))
+
+
+def _executor(cfg: Config, run: RunDir, name: str) -> submitit.SlurmExecutor:
+    c = cfg.cluster
+    ex = submitit.SlurmExecutor(folder=str(run.logs / "%j"))
+    params = dict(job_name=name, time=c.timeout_min, partition=c.partition, account=c.account,
+                  qos=c.qos, constraint=c.constraint, cpus_per_task=c.cpus_per_task,
+                  gpus_per_task=c.gpus_per_task or None,
+                  mem=f"{int(c.mem_gb * 1024)}M" if c.mem_gb else None,
+                  exclusive=c.exclusive or None, setup=list(c.setup) or None,
+                  additional_parameters={"requeue": True, **dict(c.additional_parameters)})
+    ex.update_parameters(**{k: v for k, v in params.items() if v is not None})
+    return ex
+
+
+def launch_slurm(cfg: Config, run: RunDir, n_shards: int) -> Jobs:
+    """Submit the run's jobs; returns them without waiting."""
+    path, tag = str(run.path), run.path.name
+    servers = []
+    depends = None
+    if cfg.pools.mode == "disaggregated":
+        d = cfg.pools.decode
+        per_node = min(cfg.cluster.decode_ranks_per_node, d)
+        ex = _executor(cfg, run, f"pd-decode-{tag}")
+        ex.update_parameters(nodes=math.ceil(d / per_node), ntasks_per_node=per_node)
+        servers = [ex.submit(DecodeJob(path), None, cfg.cluster.decode_cpus)]
+        depends = f"after:{servers[0].job_id}"
+    role = "prefill" if cfg.pools.mode == "disaggregated" else "colocated"
+    n_tasks = owner_tasks(cfg, n_shards)
+    owner = OwnerJob(role, path, n_tasks)
+    chunk = cfg.cluster.max_array_size or max_array_size()
+    owners: list = []
+    for start in range(0, n_tasks, chunk):
+        ex = _executor(cfg, run, f"pd-{role}-{tag}")
+        extra = dict(ex.parameters.get("additional_parameters") or {})
+        deps = [d for d in (depends, f"afterany:{owners[-1].job_id.split('_')[0]}" if owners else None) if d]
+        if deps:
+            extra["dependency"] = ",".join(deps)
+        ex.update_parameters(nodes=1, ntasks_per_node=1, array_parallelism=cfg.pools.prefill,
+                             additional_parameters=extra)
+        tasks = list(range(start, min(start + chunk, n_tasks)))
+        owners += ex.map_array(owner, tasks, [cfg.cluster.prefill_cpus] * len(tasks))
+    return Jobs(owners=owners, servers=servers)
