@@ -25,6 +25,9 @@ def main(argv: list[str] | None = None) -> int:
 
         handle = start_job(cfg)
         wait = cfg.run.wait if cfg.run.wait is not None else cfg.cluster.launcher == "local"
+        if handle.nothing_to_do:
+            print(f"nothing to do: all {handle.n_shards} shards are already done in {handle.run_dir}")
+            return 0
         if not wait:
             print(f"submitted jobs {', '.join(handle.job_ids)}\nrun dir: {handle.run_dir}\n"
                   f"follow: {sys.executable} -m pipeline.status {handle.run_dir}")

@@ -7,7 +7,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from pipeline.config import Config
+from pipeline.config import Config, ConfigError
 from pipeline.data.shards import list_shards
 from pipeline.launch.rundir import RunDir, write_json
 from pipeline.launch.watch import Jobs, watch
@@ -63,6 +63,11 @@ class RunHandle:
         return self.run.path
 
     @property
+    def nothing_to_do(self) -> bool:
+        """Every shard was already done when the run started: no job was launched."""
+        return not self.jobs.all()
+
+    @property
     def job_ids(self) -> list[str]:
         return [j.job_id for j in self.jobs.all()]
 
@@ -106,7 +111,14 @@ def start_job(cfg: Config) -> RunHandle:
     total_rows = sum(_num_rows(s.url) for s in shards)
     run = RunDir(new_run_dir(cfg))
     output = cfg.job.output or str(run.path / "output")
-    run.create(cfg, shards, output, total_rows)
+    try:
+        run.create(cfg, shards, output, total_rows)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+    done = run.done()
+    if all(s.name in done for s in shards):
+        # Re-running a finished job launches nothing.
+        return RunHandle(cfg, run, Jobs(), output, len(shards), total_rows)
     model_path(cfg)  # convert the bundled model once, before workers start
     if cfg.cluster.launcher == "local":
         from pipeline.launch.local import launch_local

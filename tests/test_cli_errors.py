@@ -47,3 +47,26 @@ def test_no_job():
 ])
 def test_wrong_config_value(override, key):
     assert key.split(".")[-1] in _one_line_error(run_pipeline("+job=summarize", override))
+
+
+def test_rerun_of_finished_job_does_nothing_and_a_changed_config_is_refused(tmp_path):
+    """A run directory whose shards are all done: the same job launches nothing; a job whose
+    outputs would differ (another max_new_tokens) refuses to mix into it."""
+    from conftest import SAMPLE
+
+    shard = SAMPLE / "shard-00000.parquet"
+    args = ["+job=summarize", f"job.input={shard}", f"run.dir={tmp_path / 'run'}"]
+    # Lay out the run directory and mark its only shard done, as a finished run leaves it.
+    from pipeline.config import compose
+    from pipeline.data.shards import list_shards
+    from pipeline.launch.rundir import RunDir
+
+    run = RunDir(tmp_path / "run")
+    shards = list_shards(str(shard))
+    run.create(compose(args), shards, str(tmp_path / "run" / "output"))
+    run.mark_done(shards[0], {"rows": 8, "errors": 0, "prompt_tokens": 1, "output_tokens": 1})
+    p = run_pipeline(*args)
+    assert p.returncode == 0, p.stderr
+    assert "nothing to do" in p.stdout and not list((tmp_path / "run" / "logs").iterdir())
+    line = _one_line_error(run_pipeline(*args, "job.sampling.max_new_tokens=5"))
+    assert "job.sampling.max_new_tokens" in line

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import tempfile
 from dataclasses import asdict
 from pathlib import Path
@@ -34,12 +35,43 @@ def write_json(path: Path, data: Any) -> None:
     os.replace(tmp, path)
 
 
+def result_config_changes(old: Config, new: Config) -> list[str]:
+    """Keys whose change alters generations (model, prompt, sampling, columns), as dotted names."""
+    keys = ["model.path", "model.source", "model.name", "model.dtype", "model.max_model_len",
+            "job.prompt_template", "job.system_prompt", "job.text_column", "job.id_column",
+            "job.sampling.temperature", "job.sampling.top_p", "job.sampling.max_new_tokens",
+            "job.sampling.seed", "job.output"]
+
+    def get(cfg: Config, key: str):
+        obj = cfg
+        for part in key.split("."):
+            obj = getattr(obj, part)
+        return obj
+
+    return [k for k in keys if get(old, k) != get(new, k)]
+
+
 class RunDir:
     def __init__(self, path: str | os.PathLike):
         self.path = Path(path).resolve()
 
     # -- written once by the launcher ---------------------------------------------------------
     def create(self, cfg: Config, shards: list[Shard], output_dir: str, rows: int | None = None) -> None:
+        """Lay out the run directory, or reuse one from an earlier run of the same job: done
+        shards and row checkpoints stay; what belonged to the earlier launch (decode endpoints,
+        progress, failed marks, the stop request) goes.
+
+        Raises:
+            ValueError: the directory holds results of a config that gives different outputs.
+        """
+        if (self.path / "config.yaml").exists() and self.done():
+            changed = result_config_changes(self.config(), cfg)
+            if changed:
+                raise ValueError(f"run.dir {self.path} holds outputs of another config "
+                                 f"(changed: {', '.join(changed)}); use a new run.dir")
+        for sub in ("decode", "progress", "failed"):
+            shutil.rmtree(self.path / sub, ignore_errors=True)
+        (self.path / "stop").unlink(missing_ok=True)
         for sub in ("decode", "done", "failed", "progress", "logs"):
             (self.path / sub).mkdir(parents=True, exist_ok=True)
         (self.path / "config.yaml").write_text(to_yaml(cfg))
