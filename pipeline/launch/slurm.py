@@ -37,12 +37,14 @@ def owner_tasks(cfg: Config, n_shards: int) -> int:
     return max(1, min(n, n_shards))
 
 
-def _executor(cfg: Config, run: RunDir, name: str) -> submitit.SlurmExecutor:
+def _executor(cfg: Config, run: RunDir, name: str, tp: int) -> submitit.SlurmExecutor:
+    """An executor with the cluster's sbatch options; a worker of TP size ``tp`` gets
+    ``tp x cluster.gpus_per_task`` GPUs."""
     c = cfg.cluster
     ex = submitit.SlurmExecutor(folder=str(run.logs / "%j"))
     params = dict(job_name=name, time=c.timeout_min, partition=c.partition, account=c.account,
                   qos=c.qos, constraint=c.constraint, cpus_per_task=c.cpus_per_task,
-                  gpus_per_task=c.gpus_per_task or None,
+                  gpus_per_task=c.gpus_per_task * tp or None,
                   mem=f"{int(c.mem_gb * 1024)}M" if c.mem_gb else None,
                   exclusive=c.exclusive or None, setup=list(c.setup) or None,
                   additional_parameters={"requeue": True, **dict(c.additional_parameters)})
@@ -58,7 +60,7 @@ def launch_slurm(cfg: Config, run: RunDir, n_shards: int) -> Jobs:
     if cfg.pools.mode == "disaggregated":
         d = cfg.pools.decode
         per_node = min(cfg.cluster.decode_ranks_per_node, d)
-        ex = _executor(cfg, run, f"pd-decode-{tag}")
+        ex = _executor(cfg, run, f"pd-decode-{tag}", cfg.model.decode_tp)
         ex.update_parameters(nodes=math.ceil(d / per_node), ntasks_per_node=per_node)
         servers = [ex.submit(DecodeJob(path), None, cfg.cluster.decode_cpus)]
         depends = f"after:{servers[0].job_id}"
@@ -68,7 +70,7 @@ def launch_slurm(cfg: Config, run: RunDir, n_shards: int) -> Jobs:
     chunk = cfg.cluster.max_array_size or max_array_size()
     owners: list = []
     for start in range(0, n_tasks, chunk):
-        ex = _executor(cfg, run, f"pd-{role}-{tag}")
+        ex = _executor(cfg, run, f"pd-{role}-{tag}", cfg.model.prefill_tp)
         extra = dict(ex.parameters.get("additional_parameters") or {})
         deps = [d for d in (depends, f"afterany:{owners[-1].job_id.split('_')[0]}" if owners else None) if d]
         if deps:

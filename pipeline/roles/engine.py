@@ -76,7 +76,41 @@ def build_engine(cfg: Config, role: Role, *, cpus: str | None,
         disable_log_stats=True,
         **kwargs,
     )
-    return AsyncLLM.from_engine_args(args)
+    engine = AsyncLLM.from_engine_args(args)
+    if cpus is not None:
+        pin_descendants(parse_cpus(cpus))
+    return engine
+
+
+def parse_cpus(cpus: str) -> set[int]:
+    """``"0,2-3"`` -> ``{0, 2, 3}``."""
+    out: set[int] = set()
+    for part in cpus.split(","):
+        lo, _, hi = part.partition("-")
+        out.update(range(int(lo), int(hi or lo) + 1))
+    return out
+
+
+def pin_descendants(cpus: set[int]) -> None:
+    """Confine every thread of this process's descendants (the engine core and its workers) that
+    runs outside ``cpus`` to ``cpus``.
+
+    vLLM's NIXL connector on the CPU platform moves the model worker's main thread, which is also
+    its OpenMP master thread, to the last core of each NUMA node to "reserve" it for KV
+    transfers (``NixlConnectorWorker.__init__``, vLLM 0.32). On one machine every engine then
+    computes on that same core and the others idle: measured here, both engines' workers ended
+    on core 1 with the prefill engine bound to core 0. Threads created later inherit this mask.
+    """
+    import psutil
+
+    for child in psutil.Process().children(recursive=True):
+        try:
+            for thread in child.threads():
+                # Threads already inside the slice keep their own (per-OpenMP-thread) binding.
+                if not os.sched_getaffinity(thread.id) <= cpus:
+                    os.sched_setaffinity(thread.id, cpus)
+        except (psutil.Error, OSError):
+            continue
 
 
 def model_path(cfg: Config) -> str:
