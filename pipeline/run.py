@@ -147,8 +147,14 @@ def summarize(run: RunDir, output: str, n_shards: int, wall_s: float) -> Summary
 
 
 def _num_rows(url: str) -> int:
+    """Rows in a shard's footer, for the progress bar; 0 for a shard that cannot be read (its
+    owner reports it as a failed shard)."""
     import fsspec
+    import pyarrow as pa
     import pyarrow.parquet as pq
 
-    with fsspec.open(url, "rb") as f:
-        return pq.ParquetFile(f).metadata.num_rows
+    try:
+        with fsspec.open(url, "rb") as f:
+            return pq.ParquetFile(f).metadata.num_rows
+    except (OSError, pa.ArrowException):
+        return 0

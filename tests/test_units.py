@@ -75,7 +75,7 @@ class _Tok:
 
     chat_template = None
 
-    def __call__(self, text, add_special_tokens=True):
+    def __call__(self, text, add_special_tokens=True, split_special_tokens=False):
         return {"input_ids": list(range(len(text.split())))}
 
 
@@ -89,6 +89,18 @@ def test_make_prompts_errors_name_the_cause():
     assert "int" in prompts[4].error
     assert "max_model_len" in prompts[5].error
     assert [p.row for p in prompts] == list(range(6))
+
+
+def test_make_prompts_bytes_duplicates_and_truncation():
+    job = compose(["+job=summarize", "job.too_long=truncate"]).job
+    texts = [b"valid bytes", b"\xff\xfe broken", "a " * 100, "dup one", "dup two"]
+    prompts = make_prompts(texts, [str(i) for i in range(5)], job, _Tok(), max_model_len=50,
+                           ids=["a", "b", "c", "d", "d"])
+    assert prompts[0].error is None
+    assert "not valid UTF-8" in prompts[1].error and "0xff" in prompts[1].error
+    assert prompts[2].truncated and len(prompts[2].token_ids) == 49
+    assert prompts[3].error is None
+    assert "duplicate id 'd'" in prompts[4].error and "row 3" in prompts[4].error
 
 
 def test_channel_round_trip_and_rejects_garbage():

@@ -59,10 +59,12 @@ class JobConfig:
     sampling: SamplingConfig = field(default_factory=SamplingConfig)
     batch_rows: int = 16  # rows a shard owner keeps in flight
     checkpoint_rows: int = 4  # finished rows saved together so a restarted owner resumes mid-shard
+    too_long: str = "error"  # a prompt longer than the context: "error" row, or "truncate" the text
 
     def __post_init__(self) -> None:
         _check("{text}" in self.prompt_template, "job.prompt_template", "must contain {text}")
         _check(self.batch_rows >= 1, "job.batch_rows", f"must be >= 1, got {self.batch_rows}")
+        _check(self.too_long in ("error", "truncate"), "job.too_long", f"must be error or truncate, got {self.too_long!r}")
         _check(self.checkpoint_rows >= 1, "job.checkpoint_rows", f"must be >= 1, got {self.checkpoint_rows}")
 
 

@@ -7,6 +7,7 @@ Columns (documented in the README):
   generation_token_ids  list<int32>, the output token ids
   finish_reason      "stop" | "length" | null on error
   prompt_tokens      int32, tokens in the rendered prompt (null when it could not be rendered)
+  prompt_truncated   bool, the text was cut to fit the context (job.too_long=truncate)
   output_tokens      int32
   error              string, null when the row is fine; otherwise why it failed
   queue_s            seconds from the shard being read to the row entering prefill
@@ -41,6 +42,7 @@ class RowResult:
     generation_token_ids: list[int] | None = None
     finish_reason: str | None = None
     prompt_tokens: int | None = None
+    prompt_truncated: bool = False
     output_tokens: int = 0
     error: str | None = None
     queue_s: float | None = None
@@ -59,6 +61,7 @@ RESULT_SCHEMA = pa.schema([
     ("generation_token_ids", pa.list_(pa.int32())),
     ("finish_reason", pa.string()),
     ("prompt_tokens", pa.int32()),
+    ("prompt_truncated", pa.bool_()),
     ("output_tokens", pa.int32()),
     ("error", pa.string()),
     ("queue_s", pa.float64()),

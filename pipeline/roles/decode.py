@@ -16,7 +16,9 @@ import zmq.asyncio
 from pipeline.launch.net import side_channel_port, worker_host
 from pipeline.launch.rundir import RunDir
 from pipeline.roles.channel import Handoff, Result, decode, encode
-from pipeline.roles.engine import build_engine, request_id, sampling_params, stream, worker_id
+from pipeline.roles.engine import (
+    build_engine, is_worker_failure, request_id, sampling_params, stream, worker_id,
+)
 
 log = logging.getLogger(__name__)
 
@@ -56,6 +58,8 @@ async def _decode(run: RunDir, rank: int, cpus: str | None) -> str:
                             finish_reason=s.finish_reason, error=None, kv_tokens=s.num_cached_tokens,
                             arrived_at=arrived, token_times=s.token_times)
         except Exception as exc:  # the row becomes an error row at its owner
+            if is_worker_failure(exc):
+                raise  # this engine is dead: no answer; the owner's hand-off times out
             result = Result(key=h.key, decode_worker=worker, token_ids=[], text="", finish_reason=None,
                             error=f"decode failed: {type(exc).__name__}: {exc}", kv_tokens=0,
                             arrived_at=arrived, token_times=[])
@@ -87,6 +91,8 @@ async def _decode(run: RunDir, rank: int, cpus: str | None) -> str:
                     task.add_done_callback(tasks.discard)
             elif not live and (run.stop_requested() or run.all_settled()):
                 break
+            if engine.errored:
+                raise RuntimeError(f"{worker}: its vLLM engine died; see the log above")
     finally:
         sock.close()
         ctx.term()

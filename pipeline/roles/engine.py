@@ -82,6 +82,13 @@ def build_engine(cfg: Config, role: Role, *, cpus: str | None,
     return engine
 
 
+def is_worker_failure(exc: BaseException) -> bool:
+    """Whether ``exc`` means this worker cannot go on (its engine died), as opposed to one row
+    failing. Such an error must not be written down as a row's result: the worker fails, and its
+    restart serves the row again."""
+    return type(exc).__name__ == "EngineDeadError"
+
+
 def parse_cpus(cpus: str) -> set[int]:
     """``"0,2-3"`` -> ``{0, 2, 3}``."""
     out: set[int] = set()

@@ -13,6 +13,7 @@ from pipeline.data.output import RowCheckpoint, RowResult, build_output, row_ids
 from pipeline.data.prompts import Prompt, make_prompts
 from pipeline.data.shards import Shard, output_url, read_shard, write_atomic
 from pipeline.launch.rundir import RunDir
+from pipeline.roles.engine import is_worker_failure
 
 ServeRow = Callable[[Prompt], Awaitable[RowResult]]
 
@@ -56,6 +57,8 @@ async def own_shards(run: RunDir, cfg: Config, shards: list[Shard], worker: str,
             try:
                 totals = await _own_shard(run, cfg, shard, worker, tokenizer, serve, rows_limit, progress)
             except Exception as exc:  # a bad shard must not stop the others
+                if is_worker_failure(exc):
+                    raise
                 run.mark_failed(shard, f"{type(exc).__name__}: {exc}", worker)
                 return
             run.mark_done(shard, totals)
@@ -74,7 +77,8 @@ async def _own_shard(run: RunDir, cfg: Config, shard: Shard, worker: str, tokeni
     keys = [f"{shard.index}:{i}" for i in range(table.num_rows)]
     if job.text_column in table.column_names:
         texts = table.column(job.text_column).to_pylist()
-        prompts = make_prompts(texts, keys, job, tokenizer, cfg.model.max_model_len)
+        prompts = make_prompts(texts, keys, job, tokenizer, cfg.model.max_model_len,
+                               ids=ids.to_pylist() if job.id_column in table.column_names else None)
     else:
         missing = (f"text column {job.text_column!r} is not in the shard "
                    f"(columns: {', '.join(table.column_names)}); set job.text_column")
@@ -94,9 +98,12 @@ async def _own_shard(run: RunDir, cfg: Config, shard: Shard, worker: str, tokeni
                 try:
                     result = await serve(p)
                 except Exception as exc:  # one row's failure must not take the shard down
+                    if is_worker_failure(exc):
+                        raise
                     result = RowResult(error=f"{type(exc).__name__}: {exc}", prefill_worker=worker)
                 result.queue_s = t0 - t_read
                 result.prompt_tokens = len(p.token_ids)
+                result.prompt_truncated = p.truncated
         progress.add(rows=1, output_tokens=result.output_tokens)
         await checkpoint.add(p.row, result)
         return result
