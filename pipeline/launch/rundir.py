@@ -3,6 +3,7 @@
 Layout::
 
     RUN_DIR/config.yaml            resolved config of the run
+    RUN_DIR/secret                 the control channel's shared secret (mode 0600)
     RUN_DIR/shards.json            the input shards and the output directory
     RUN_DIR/decode/rank-N.json     a decode worker's control endpoint, written when it is ready
     RUN_DIR/done/SHARD.json        per-shard totals, written after the output shard is in place
@@ -24,6 +25,7 @@ from typing import Any
 
 from pipeline.config import Config, from_yaml, to_yaml
 from pipeline.data.shards import Shard
+from pipeline.roles.auth import create_secret, read_secret
 
 
 def write_json(path: Path, data: Any) -> None:
@@ -74,9 +76,14 @@ class RunDir:
         (self.path / "stop").unlink(missing_ok=True)
         for sub in ("decode", "done", "failed", "progress", "logs"):
             (self.path / sub).mkdir(parents=True, exist_ok=True)
+        create_secret(self.path / "secret")
         (self.path / "config.yaml").write_text(to_yaml(cfg))
         write_json(self.path / "shards.json",
                    {"output": output_dir, "rows": rows, "shards": [asdict(s) for s in shards]})
+
+    def secret(self) -> bytes:
+        """The run's control-channel secret (``RUN_DIR/secret``, mode 0600)."""
+        return read_secret(self.path / "secret")
 
     def config(self) -> Config:
         return from_yaml(self.path / "config.yaml")

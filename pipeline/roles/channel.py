@@ -3,7 +3,8 @@
 A decode worker binds a ROUTER socket and publishes its endpoint in the run directory; each
 prefill worker connects a DEALER socket to every decode worker. Prefill sends :class:`Handoff`
 messages; the decode worker answers each with one :class:`Result` on the same connection.
-Messages are typed msgspec structs: nothing received from the network is unpickled.
+Messages are typed msgspec structs: nothing received from the network is unpickled. Every
+message is signed with the run's secret (:mod:`pipeline.roles.auth`); unsigned ones are dropped.
 """
 
 from __future__ import annotations

@@ -15,6 +15,7 @@ import zmq.asyncio
 
 from pipeline.launch.net import side_channel_port, worker_host
 from pipeline.launch.rundir import RunDir
+from pipeline.roles.auth import Unauthenticated, sign, verify
 from pipeline.roles.channel import Handoff, Result, decode, encode
 from pipeline.roles.engine import (
     build_engine, is_worker_failure, request_id, sampling_params, stream, worker_id,
@@ -40,6 +41,7 @@ async def _decode(run: RunDir, rank: int, cpus: str | None) -> str:
     port = sock.bind_to_random_port(f"tcp://{host}")
     # Publishing (again, after a requeue) is what lets prefill workers find this rank.
     run.publish_decode(rank, f"tcp://{host}:{port}", worker)
+    secret = run.secret()
     live: set[asyncio.Task] = set()
     attempts: dict[str, tuple[float, set[asyncio.Task]]] = {}  # owner -> (newest attempt, its tasks)
 
@@ -63,14 +65,20 @@ async def _decode(run: RunDir, rank: int, cpus: str | None) -> str:
             result = Result(key=h.key, decode_worker=worker, token_ids=[], text="", finish_reason=None,
                             error=f"decode failed: {type(exc).__name__}: {exc}", kv_tokens=0,
                             arrived_at=arrived, token_times=[])
-        await sock.send_multipart([peer, encode(result)])
+        await sock.send_multipart([peer, sign(secret, encode(result))])
 
     try:
         while True:
             if await sock.poll(200, zmq.POLLIN):
-                peer, data = await sock.recv_multipart()
+                frames = await sock.recv_multipart()
+                if len(frames) != 2:
+                    continue
+                peer, data = frames
                 try:
-                    msg = decode(data)
+                    msg = decode(verify(secret, data))
+                except Unauthenticated:
+                    log.warning("dropping a message not signed with this run's secret")
+                    continue
                 except msgspec.DecodeError as exc:
                     log.warning("dropping a malformed message: %s", exc)
                     continue

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import time
 
+import msgspec
 import zmq
 import zmq.asyncio
 
@@ -15,6 +16,7 @@ from pipeline.data.output import RowResult
 from pipeline.data.prompts import Prompt
 from pipeline.launch.net import side_channel_port, worker_host
 from pipeline.launch.rundir import RunDir
+from pipeline.roles.auth import Unauthenticated, sign, verify
 from pipeline.roles.channel import Handoff, Result, decode, encode
 from pipeline.roles.engine import (
     build_engine, kv_bytes_per_token, load_tokenizer, request_id, sampling_params, stream,
@@ -53,8 +55,9 @@ class DecodeClients:
     """One DEALER connection per decode worker. :meth:`handoff` sends to the worker with the
     fewest requests in flight and waits for its :class:`Result`."""
 
-    def __init__(self, endpoints: dict[int, dict[str, str]], timeout_s: float):
+    def __init__(self, endpoints: dict[int, dict[str, str]], timeout_s: float, secret: bytes):
         self.ctx = zmq.asyncio.Context()
+        self.secret = secret
         self.timeout_s = timeout_s
         self.sockets: dict[int, zmq.asyncio.Socket] = {}
         self.inflight: dict[int, int] = {}
@@ -68,7 +71,10 @@ class DecodeClients:
 
     async def _receive(self, sock: zmq.asyncio.Socket) -> None:
         while True:
-            msg = decode(await sock.recv())
+            try:
+                msg = decode(verify(self.secret, await sock.recv()))
+            except (Unauthenticated, msgspec.DecodeError):
+                continue
             fut = self.waiting.get(msg.key) if isinstance(msg, Result) else None
             if fut is not None and not fut.done():
                 fut.set_result(msg)
@@ -84,7 +90,7 @@ class DecodeClients:
         self.waiting[h.key] = fut
         self.inflight[rank] += 1
         try:
-            await self.sockets[rank].send(encode(h))
+            await self.sockets[rank].send(sign(self.secret, encode(h)))
             return await asyncio.wait_for(fut, self.timeout_s)
         except asyncio.TimeoutError:
             raise TimeoutError(f"decode rank {rank} gave no result within {self.timeout_s:.0f} s") from None
@@ -121,7 +127,7 @@ async def _prefill(run: RunDir, task: int, n_tasks: int, cpus: str | None) -> st
     clients = None
     try:
         endpoints = await wait_for_decode(run, cfg.pools.decode, cfg.transport.connect_timeout_s)
-        clients = DecodeClients(endpoints, cfg.transport.handoff_timeout_s)
+        clients = DecodeClients(endpoints, cfg.transport.handoff_timeout_s, run.secret())
 
         async def serve(p: Prompt) -> RowResult:
             t0 = time.time()
