@@ -71,7 +71,10 @@ def _failure(job, gone: set[str] = frozenset()) -> str | None:
         return f"job {job.job_id} left the queue without a result (cancelled, out of memory or node failure?); log: {job.paths.stderr}"
     if not job.done():
         return None
-    exc = job.exception()
+    try:
+        exc = job.exception()
+    except Exception as uncompleted:  # killed before writing any result (kill -9, OOM)
+        exc = uncompleted
     if exc is None:
         return None
     lines = [ln.strip() for ln in str(exc).strip().splitlines() if ln.strip()]
