@@ -3,6 +3,7 @@ orderly shutdown of decode workers once every shard owner has ended."""
 
 from __future__ import annotations
 
+import re
 import subprocess
 import time
 from dataclasses import dataclass, field
@@ -29,45 +30,54 @@ class Jobs:
 
 
 class _QueueCheck:
-    """Finds Slurm jobs that left the queue without writing a result (cancelled, killed for
-    memory, node failure). Without Slurm accounting, submitit cannot tell such a job from a running
-    one and would wait for its result forever. Asks ``squeue`` at most every ``every_s`` seconds;
-    a job is gone after being absent from two answers in a row."""
+    """What Slurm's queue says about submitit jobs, which submitit alone cannot tell without Slurm
+    accounting:
 
-    def __init__(self, every_s: float = 15.0):
-        self.every_s, self.last, self.absent = every_s, 0.0, set()
+    - a job that left the queue without writing a result (cancelled, killed for memory, node
+      failure) has ended: absent from two ``squeue`` answers in a row;
+    - a job that wrote a result but is back in the queue (requeued after preemption, a time
+      limit or ``scontrol requeue``) has not ended: its next attempt will write the result again.
+
+    ``squeue`` is asked at most every ``every_s`` seconds.
+    """
+
+    def __init__(self, every_s: float = 10.0):
+        self.every_s, self.last = every_s, -1e9
+        self.listed: set[str] = set()
+        self.absent: set[str] = set()
         self.gone: set[str] = set()
 
-    def __call__(self, jobs: list) -> set[str]:
-        slurm = [j for j in jobs if type(j).__name__ == "SlurmJob" and not j.done()]
+    def refresh(self, jobs: list) -> None:
+        slurm = [j for j in jobs if type(j).__name__ == "SlurmJob"]
         if not slurm or time.monotonic() - self.last < self.every_s:
-            return self.gone
+            return
         self.last = time.monotonic()
         try:
             out = subprocess.run(["squeue", "-h", "-r", "-o", "%i", "-j", ",".join(j.job_id for j in slurm)],
                                  capture_output=True, text=True, timeout=30)
         except (OSError, subprocess.TimeoutExpired):
-            return self.gone
-        listed = set(out.stdout.split())
+            return
         # squeue fails with "Invalid job id" once every listed job has been purged.
-        known = out.returncode == 0 or "Invalid job id" in out.stderr
-        absent = {j.job_id for j in slurm if j.job_id not in listed} if known else set()
-        self.gone |= {j for j in absent & self.absent if not _job(jobs, j).done()}
+        if out.returncode != 0 and "Invalid job id" not in out.stderr:
+            return
+        self.listed = set(out.stdout.split())
+        absent = {j.job_id for j in slurm if j.job_id not in self.listed}
+        self.gone |= absent & self.absent
         self.absent = absent
-        return self.gone
+
+    def ended(self, job) -> bool:
+        if type(job).__name__ != "SlurmJob":
+            return job.done()
+        if job.job_id in self.listed:
+            return False
+        return job.done() or job.job_id in self.gone
 
 
-def _job(jobs: list, job_id: str):
-    return next(j for j in jobs if j.job_id == job_id)
-
-
-def _ended(job, gone: set[str]) -> bool:
-    return job.done() or job.job_id in gone
-
-
-def _failure(job, gone: set[str] = frozenset()) -> str | None:
+def _failure(job, queue: _QueueCheck) -> str | None:
     """One line saying why ``job`` failed, or None if it succeeded or still runs."""
-    if job.job_id in gone and not job.done():
+    if not queue.ended(job):
+        return None
+    if job.job_id in queue.gone and not job.done():
         return f"job {job.job_id} left the queue without a result (cancelled, out of memory or node failure?); log: {job.paths.stderr}"
     if not job.done():
         return None
@@ -78,8 +88,10 @@ def _failure(job, gone: set[str] = frozenset()) -> str | None:
     if exc is None:
         return None
     lines = [ln.strip() for ln in str(exc).strip().splitlines() if ln.strip()]
-    # submitit's FailedJobError text ends with the worker's own traceback; its last line is the cause.
-    cause = lines[-1] if lines else type(exc).__name__
+    # submitit's FailedJobError text holds the worker's traceback; its last "...Error: ..." line
+    # is the cause.
+    causes = [ln for ln in lines if re.match(r"^[\w.]+(Error|Exception|Exit|Interrupt)\b", ln)]
+    cause = causes[-1] if causes else (lines[-1] if lines else type(exc).__name__)
     return f"job {job.job_id}: {cause} (log: {job.paths.stderr})"
 
 
@@ -94,15 +106,18 @@ def watch(run: RunDir, jobs: Jobs, total_rows: int, progress: bool = True,
     rows_bar = tqdm(total=total_rows, unit="row", desc="rows", disable=not progress, dynamic_ncols=True)
     tokens_bar = tqdm(unit="tok", desc="output tokens", disable=not progress, dynamic_ncols=True)
     errors: list[str] = []
-    gone = _QueueCheck()
+    queue = _QueueCheck()
     try:
-        while not all(_ended(j, gone(jobs.all())) for j in jobs.owners):
+        while True:
+            queue.refresh(jobs.all())
+            if all(queue.ended(j) for j in jobs.owners):
+                break
             done = run.progress()
             rows_bar.update(sum(p["rows"] for p in done) - rows_bar.n)
             tokens_bar.update(sum(p["output_tokens"] for p in done) - tokens_bar.n)
-            dead = [j for j in jobs.servers if _ended(j, gone.gone)]
+            dead = [j for j in jobs.servers if queue.ended(j)]
             if dead:
-                errors += [_failure(j, gone.gone) or f"decode job {j.job_id} ended early (log: {j.paths.stderr})" for j in dead]
+                errors += [_failure(j, queue) or f"decode job {j.job_id} ended early (log: {j.paths.stderr})" for j in dead]
                 for j in jobs.owners:
                     j.cancel(check=False)
                 break
@@ -119,11 +134,14 @@ def watch(run: RunDir, jobs: Jobs, total_rows: int, progress: bool = True,
         tokens_bar.close()
         run.request_stop()
     deadline = time.monotonic() + stop_grace_s
-    while not all(_ended(j, gone(jobs.servers)) for j in jobs.servers) and time.monotonic() < deadline:
+    while time.monotonic() < deadline:
+        queue.refresh(jobs.servers)
+        if all(queue.ended(j) for j in jobs.servers):
+            break
         time.sleep(poll_s)
     for j in jobs.servers:
         if not j.done():
             j.cancel(check=False)
-    errors += [e for e in (_failure(j, gone.gone) for j in jobs.owners) if e]
+    errors += [e for e in (_failure(j, queue) for j in jobs.owners) if e]
     if errors:
         raise RunFailed("; ".join(dict.fromkeys(errors)))
