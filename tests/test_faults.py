@@ -61,3 +61,29 @@ def test_prefill_killed_mid_shard_resumes_on_rerun(tmp_path, colocated_run):
     want = colocated_run.table(shard)
     assert got.column("id").to_pylist() == want.column("id").to_pylist()
     assert got.column("generation_token_ids").to_pylist() == want.column("generation_token_ids").to_pylist()
+
+
+@pytest.mark.e2e
+def test_decode_killed_mid_run_rows_go_to_the_other_decode(tmp_path, colocated_run):
+    shard = "shard-00002.parquet"
+    args = [*COMMON, "pools.decode=2", "transport.decode_dead_after_s=5", "job.batch_rows=4",
+            f"job.input={SAMPLE / shard}", f"run.dir={tmp_path / 'run'}", f"job.output={tmp_path / 'out'}"]
+    first = subprocess.Popen([sys.executable, "-m", "pipeline", *args], cwd=ROOT,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    run = RunDir(tmp_path / "run")
+    deadline = time.monotonic() + 600
+    while not any(p["rows"] >= 1 for p in run.progress()):
+        assert first.poll() is None and time.monotonic() < deadline, "no row finished before the run ended"
+        time.sleep(0.2)
+    victim = psutil.Process(int(json.loads((tmp_path / "run" / "jobs.json").read_text())["servers"][0]))
+    for p in [victim, *victim.children(recursive=True)]:
+        p.send_signal(signal.SIGKILL)
+    out, err = first.communicate(timeout=900)
+    assert first.returncode == 0, err[-3000:]
+    assert "warning: " in err and "other decode workers" in err
+    got = pq.read_table(tmp_path / "out" / shard)
+    want = colocated_run.table(shard)
+    assert got.column("error").null_count == got.num_rows
+    assert got.column("id").to_pylist() == want.column("id").to_pylist()
+    assert got.column("generation_token_ids").to_pylist() == want.column("generation_token_ids").to_pylist()
+    assert "decode-1" in {w.split("@")[0] for w in got.column("decode_worker").to_pylist()}

@@ -174,6 +174,8 @@ class TransportConfig:
     ucx_net_devices: Optional[str] = None
     connect_timeout_s: float = 600.0  # seconds a prefill worker waits for decode workers to come up
     handoff_timeout_s: float = 300.0  # seconds a hand-off may wait for its result
+    handoff_retries: int = 2  # times a row is prefilled and handed off again after a lost decode
+    decode_dead_after_s: float = 30.0  # a decode worker silent this long (no heartbeat) is dead
 
     def __post_init__(self) -> None:
         _check(self.connector in CONNECTORS, "transport.connector", f"must be one of {sorted(CONNECTORS)}, got {self.connector!r}")

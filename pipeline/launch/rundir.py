@@ -19,6 +19,7 @@ import json
 import os
 import shutil
 import tempfile
+import time
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -101,7 +102,9 @@ class RunDir:
 
     # -- decode endpoints ---------------------------------------------------------------------
     def publish_decode(self, rank: int, endpoint: str, worker: str) -> None:
-        write_json(self.path / "decode" / f"rank-{rank}.json", {"endpoint": endpoint, "worker": worker})
+        """Publish (or refresh: the time written is the worker's heartbeat) a decode endpoint."""
+        write_json(self.path / "decode" / f"rank-{rank}.json",
+                   {"endpoint": endpoint, "worker": worker, "heartbeat": time.time()})
 
     def decode_endpoints(self) -> dict[int, dict[str, str]]:
         out = {}

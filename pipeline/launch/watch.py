@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 import subprocess
+import sys
 import time
 from dataclasses import dataclass, field
 
@@ -100,12 +101,16 @@ def watch(run: RunDir, jobs: Jobs, total_rows: int, progress: bool = True,
     """Wait for every owner to end, showing rows and output tokens done; then ask decode workers
     to stop and wait for them.
 
+    A decode worker that ends while others live is reported as a warning: prefill workers hand
+    its rows to the others.
+
     Raises:
-        RunFailed: a worker failed, or a decode worker ended while owners still needed it.
+        RunFailed: a shard owner failed, or every decode worker ended while owners still ran.
     """
     rows_bar = tqdm(total=total_rows, unit="row", desc="rows", disable=not progress, dynamic_ncols=True)
     tokens_bar = tqdm(unit="tok", desc="output tokens", disable=not progress, dynamic_ncols=True)
     errors: list[str] = []
+    warned: set[str] = set()
     queue = _QueueCheck()
     try:
         while True:
@@ -116,7 +121,12 @@ def watch(run: RunDir, jobs: Jobs, total_rows: int, progress: bool = True,
             rows_bar.update(sum(p["rows"] for p in done) - rows_bar.n)
             tokens_bar.update(sum(p["output_tokens"] for p in done) - tokens_bar.n)
             dead = [j for j in jobs.servers if queue.ended(j)]
-            if dead:
+            for j in dead:
+                if j.job_id not in warned:
+                    warned.add(j.job_id)
+                    why = _failure(j, queue) or f"decode job {j.job_id} ended early (log: {j.paths.stderr})"
+                    tqdm.write(f"warning: {why}; its rows go to the other decode workers", file=sys.stderr)
+            if dead and len(dead) == len(jobs.servers):
                 errors += [_failure(j, queue) or f"decode job {j.job_id} ended early (log: {j.paths.stderr})" for j in dead]
                 for j in jobs.owners:
                     j.cancel(check=False)

@@ -39,8 +39,17 @@ async def _decode(run: RunDir, rank: int, cpus: str | None) -> str:
     sock = ctx.socket(zmq.ROUTER)
     sock.setsockopt(zmq.LINGER, 1000)
     port = sock.bind_to_random_port(f"tcp://{host}")
-    # Publishing (again, after a requeue) is what lets prefill workers find this rank.
-    run.publish_decode(rank, f"tcp://{host}:{port}", worker)
+    # Publishing (again, after a requeue) is what lets prefill workers find this rank; refreshing
+    # it every 2 s is the heartbeat that tells them this rank is alive.
+    endpoint = f"tcp://{host}:{port}"
+    run.publish_decode(rank, endpoint, worker)
+
+    async def heartbeat() -> None:
+        while True:
+            await asyncio.sleep(2.0)
+            await asyncio.to_thread(run.publish_decode, rank, endpoint, worker)
+
+    beating = asyncio.create_task(heartbeat())
     secret = run.secret()
     live: set[asyncio.Task] = set()
     attempts: dict[str, tuple[float, set[asyncio.Task]]] = {}  # owner -> (newest attempt, its tasks)
@@ -102,6 +111,7 @@ async def _decode(run: RunDir, rank: int, cpus: str | None) -> str:
             if engine.errored:
                 raise RuntimeError(f"{worker}: its vLLM engine died; see the log above")
     finally:
+        beating.cancel()
         sock.close()
         ctx.term()
         engine.shutdown()

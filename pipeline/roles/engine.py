@@ -83,10 +83,10 @@ def build_engine(cfg: Config, role: Role, *, cpus: str | None,
 
 
 def is_worker_failure(exc: BaseException) -> bool:
-    """Whether ``exc`` means this worker cannot go on (its engine died), as opposed to one row
-    failing. Such an error must not be written down as a row's result: the worker fails, and its
+    """Whether ``exc`` means this worker cannot go on (its engine died, no decode worker is left),
+    as opposed to one row failing. Such an error must not be written down as a row's result: the worker fails, and its
     restart serves the row again."""
-    return type(exc).__name__ == "EngineDeadError"
+    return type(exc).__name__ in {"EngineDeadError", "DecodeUnavailable"}
 
 
 def parse_cpus(cpus: str) -> set[int]:

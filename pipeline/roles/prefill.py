@@ -5,6 +5,7 @@ loaded decode worker, waits for the generation, and writes the output shard."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 
 import msgspec
@@ -23,6 +24,8 @@ from pipeline.roles.engine import (
     worker_id,
 )
 from pipeline.roles.owner import own_shards, shards_for_task
+
+log = logging.getLogger(__name__)
 
 # What the prefill request tells vLLM's NIXL connectors: keep the KV for a remote decode.
 REMOTE_DECODE = {"do_remote_decode": True, "do_remote_prefill": False, "remote_engine_id": None,
@@ -51,55 +54,110 @@ async def wait_for_decode(run: RunDir, count: int, timeout_s: float) -> dict[int
         await asyncio.sleep(0.5)
 
 
+class DecodeLost(RuntimeError):
+    """The decode worker holding a hand-off died or was restarted; the row must be served again."""
+
+
 class DecodeClients:
-    """One DEALER connection per decode worker. :meth:`handoff` sends to the worker with the
-    fewest requests in flight and waits for its :class:`Result`."""
+    """Connections to the decode workers. :meth:`handoff` sends to the live worker with the
+    fewest requests in flight and waits for its :class:`Result`.
 
-    def __init__(self, endpoints: dict[int, dict[str, str]], timeout_s: float, secret: bytes):
+    A monitor re-reads the decode endpoints every second: a worker whose heartbeat (in its
+    endpoint file) is older than ``dead_after_s`` seconds is dead, one that published a new
+    endpoint was restarted; either way its in-flight hand-offs fail with :class:`DecodeLost`
+    (the caller serves them again) and new hand-offs go elsewhere, or wait for it to come back.
+    """
+
+    def __init__(self, run: RunDir, timeout_s: float, dead_after_s: float, secret: bytes):
+        self.run, self.timeout_s, self.dead_after_s, self.secret = run, timeout_s, dead_after_s, secret
         self.ctx = zmq.asyncio.Context()
-        self.secret = secret
-        self.timeout_s = timeout_s
+        self.endpoints: dict[int, str] = {}
         self.sockets: dict[int, zmq.asyncio.Socket] = {}
-        self.inflight: dict[int, int] = {}
-        self.waiting: dict[str, asyncio.Future] = {}
-        for rank, ep in endpoints.items():
-            s = self.ctx.socket(zmq.DEALER)
-            s.setsockopt(zmq.LINGER, 0)
-            s.connect(ep["endpoint"])
-            self.sockets[rank], self.inflight[rank] = s, 0
-        self.receivers = [asyncio.create_task(self._receive(s)) for s in self.sockets.values()]
+        self.receivers: dict[int, asyncio.Task] = {}
+        self.inflight: dict[int, dict[str, asyncio.Future]] = {}
+        self.live: set[int] = set()
+        self.changed = asyncio.Event()
+        self._refresh()
+        self.monitor = asyncio.create_task(self._watch())
 
-    async def _receive(self, sock: zmq.asyncio.Socket) -> None:
+    def _refresh(self) -> None:
+        now = time.time()
+        for rank, ep in self.run.decode_endpoints().items():
+            alive = now - ep.get("heartbeat", now) < self.dead_after_s
+            if ep["endpoint"] != self.endpoints.get(rank):
+                self._drop(rank, f"decode rank {rank} restarted")
+                s = self.ctx.socket(zmq.DEALER)
+                s.setsockopt(zmq.LINGER, 0)
+                s.connect(ep["endpoint"])
+                self.endpoints[rank], self.sockets[rank] = ep["endpoint"], s
+                self.receivers[rank] = asyncio.create_task(self._receive(rank, s))
+            if alive and rank not in self.live:
+                self.live.add(rank)
+                self.changed.set()
+            elif not alive and rank in self.live:
+                self._drop(rank, f"decode rank {rank} stopped answering (no heartbeat for {self.dead_after_s:.0f} s)")
+
+    def _drop(self, rank: int, why: str) -> None:
+        self.live.discard(rank)
+        for fut in self.inflight.pop(rank, {}).values():
+            if not fut.done():
+                fut.set_exception(DecodeLost(why))
+        if rank in self.receivers:
+            self.receivers.pop(rank).cancel()
+            self.sockets.pop(rank).close()
+            self.endpoints.pop(rank, None)
+
+    async def _watch(self) -> None:
+        while True:
+            await asyncio.sleep(1.0)
+            self._refresh()
+
+    async def _receive(self, rank: int, sock: zmq.asyncio.Socket) -> None:
         while True:
             try:
                 msg = decode(verify(self.secret, await sock.recv()))
             except (Unauthenticated, msgspec.DecodeError):
                 continue
-            fut = self.waiting.get(msg.key) if isinstance(msg, Result) else None
+            fut = self.inflight.get(rank, {}).get(msg.key) if isinstance(msg, Result) else None
             if fut is not None and not fut.done():
                 fut.set_result(msg)
 
-    async def handoff(self, h: Handoff) -> Result:
-        """Send ``h``; return the decode worker's result.
+    async def _pick(self, wait_s: float) -> int:
+        deadline = time.monotonic() + wait_s
+        while not self.live:
+            self.changed.clear()
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise DecodeUnavailable(f"no decode worker alive for {wait_s:.0f} s")
+            try:
+                await asyncio.wait_for(self.changed.wait(), left)
+            except asyncio.TimeoutError:
+                pass
+        return min(self.live, key=lambda r: len(self.inflight.get(r, {})))
+
+    async def handoff(self, h: Handoff, wait_s: float) -> Result:
+        """Send ``h`` to a live decode worker (waiting up to ``wait_s`` seconds for one); return
+        its result.
 
         Raises:
+            DecodeLost: that worker died or restarted before answering.
+            DecodeUnavailable: no decode worker was alive for ``wait_s`` seconds.
             TimeoutError: no result within ``transport.handoff_timeout_s`` seconds.
         """
-        rank = min(self.inflight, key=self.inflight.__getitem__)
+        rank = await self._pick(wait_s)
         fut = asyncio.get_running_loop().create_future()
-        self.waiting[h.key] = fut
-        self.inflight[rank] += 1
+        self.inflight.setdefault(rank, {})[h.key] = fut
         try:
             await self.sockets[rank].send(sign(self.secret, encode(h)))
             return await asyncio.wait_for(fut, self.timeout_s)
         except asyncio.TimeoutError:
             raise TimeoutError(f"decode rank {rank} gave no result within {self.timeout_s:.0f} s") from None
         finally:
-            self.inflight[rank] -= 1
-            self.waiting.pop(h.key, None)
+            self.inflight.get(rank, {}).pop(h.key, None)
 
     def close(self) -> None:
-        for t in self.receivers:
+        self.monitor.cancel()
+        for t in self.receivers.values():
             t.cancel()
         for s in self.sockets.values():
             s.close()
