@@ -184,20 +184,32 @@ async def _prefill(run: RunDir, task: int, n_tasks: int, cpus: str | None) -> st
     prefill_params = sampling_params(cfg.job.sampling, max_tokens=1, kv_transfer_params=REMOTE_DECODE)
     clients = None
     try:
-        endpoints = await wait_for_decode(run, cfg.pools.decode, cfg.transport.connect_timeout_s)
-        clients = DecodeClients(endpoints, cfg.transport.handoff_timeout_s, run.secret())
+        await wait_for_decode(run, cfg.pools.decode, cfg.transport.connect_timeout_s)
+        clients = DecodeClients(run, cfg.transport.handoff_timeout_s, cfg.transport.decode_dead_after_s,
+                                run.secret())
 
         async def serve(p: Prompt) -> RowResult:
-            t0 = time.time()
-            pre = await stream(engine, request_id(p.key), p.token_ids, prefill_params)
-            t_prefilled = time.time()
-            if not pre.kv_transfer_params:
-                raise RuntimeError("prefill returned no kv_transfer_params; is a NIXL connector configured?")
-            res = await clients.handoff(Handoff(
-                key=p.key, owner=worker, attempt=attempt, prompt_token_ids=p.token_ids, max_tokens=cfg.job.sampling.max_new_tokens,
-                temperature=cfg.job.sampling.temperature, top_p=cfg.job.sampling.top_p,
-                seed=cfg.job.sampling.seed, kv_transfer_params=pre.kv_transfer_params,
-                prefill_done_at=t_prefilled))
+            tries = cfg.transport.handoff_retries + 1
+            for n in range(tries):
+                t0 = time.time()
+                pre = await stream(engine, request_id(p.key), p.token_ids, prefill_params)
+                t_prefilled = time.time()
+                if not pre.kv_transfer_params:
+                    raise RuntimeError("prefill returned no kv_transfer_params; is a NIXL connector configured?")
+                try:
+                    res = await clients.handoff(Handoff(
+                        key=p.key, owner=worker, attempt=attempt, prompt_token_ids=p.token_ids,
+                        max_tokens=cfg.job.sampling.max_new_tokens,
+                        temperature=cfg.job.sampling.temperature, top_p=cfg.job.sampling.top_p,
+                        seed=cfg.job.sampling.seed, kv_transfer_params=pre.kv_transfer_params,
+                        prefill_done_at=t_prefilled), wait_s=cfg.transport.connect_timeout_s)
+                    break
+                except (DecodeLost, TimeoutError) as exc:
+                    # The KV this prefill produced is gone with that decode worker (or never
+                    # arrived): prefill again and hand off to a live one.
+                    if n + 1 == tries:
+                        raise
+                    log.warning("row %s: %s; serving it again (try %d of %d)", p.key, exc, n + 2, tries)
             first = res.token_times[0] if res.token_times else None
             return RowResult(
                 generation=None if res.error else res.text,
