@@ -82,6 +82,8 @@ def _failure(job, queue: _QueueCheck) -> str | None:
         return f"job {job.job_id} left the queue without a result (cancelled, out of memory or node failure?); log: {job.paths.stderr}"
     if not job.done():
         return None
+    if not job.paths.result_pickle.exists():
+        return f"job {job.job_id} ended without a result (killed?); log: {job.paths.stderr}"
     try:
         exc = job.exception()
     except Exception as uncompleted:  # killed before writing any result (kill -9, OOM)
