@@ -122,14 +122,16 @@ def watch(run: RunDir, jobs: Jobs, total_rows: int, progress: bool = True,
             done = run.progress()
             rows_bar.update(sum(p["rows"] for p in done) - rows_bar.n)
             tokens_bar.update(sum(p["output_tokens"] for p in done) - tokens_bar.n)
-            dead = [j for j in jobs.servers if queue.ended(j)]
+            # A decode worker that ended cleanly did so because every shard is settled (its
+            # owner may still be writing its last marker); only a failed one is a loss.
+            dead = [j for j in jobs.servers if queue.ended(j) and _failure(j, queue)]
             for j in dead:
                 if j.job_id not in warned:
                     warned.add(j.job_id)
-                    why = _failure(j, queue) or f"decode job {j.job_id} ended early (log: {j.paths.stderr})"
-                    tqdm.write(f"warning: {why}; its rows go to the other decode workers", file=sys.stderr)
+                    tqdm.write(f"warning: {_failure(j, queue)}; its rows go to the other decode workers",
+                               file=sys.stderr)
             if dead and len(dead) == len(jobs.servers):
-                errors += [_failure(j, queue) or f"decode job {j.job_id} ended early (log: {j.paths.stderr})" for j in dead]
+                errors += [_failure(j, queue) for j in dead]
                 for j in jobs.owners:
                     j.cancel(check=False)
                 break
