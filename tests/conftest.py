@@ -4,6 +4,7 @@ configuration runs once per session and every test reads its output."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -37,9 +38,10 @@ class Run:
         return json.loads((self.run_dir / "summary.json").read_text())
 
 
-def run_pipeline(*overrides: str, timeout: float = 900) -> subprocess.CompletedProcess:
+def run_pipeline(*overrides: str, timeout: float = 900, env: dict | None = None) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "pipeline", *overrides], cwd=ROOT,
-                          capture_output=True, text=True, timeout=timeout)
+                          capture_output=True, text=True, timeout=timeout,
+                          env={**os.environ, **env} if env else None)
 
 
 def _run(tmp_path_factory, name: str, *overrides: str, input_url: str | None = None,

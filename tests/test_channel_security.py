@@ -26,7 +26,7 @@ pytestmark = pytest.mark.e2e
 def _handoff(key: str) -> bytes:
     # No kv_transfer_params: the decode worker computes the prompt itself, so an accepted
     # request answers quickly.
-    return encode(Handoff(key=key, owner="test", attempt=1.0, prompt_token_ids=[1, 9690, 198, 28120],
+    return encode(Handoff(key=key, request_id=f"row{key}", owner="test", attempt=1.0, prompt_token_ids=[1, 9690, 198, 28120],
                           max_tokens=4, temperature=0.0, top_p=1.0, seed=None, kv_transfer_params={},
                           prefill_done_at=time.time()))
 

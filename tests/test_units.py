@@ -104,7 +104,7 @@ def test_make_prompts_bytes_duplicates_and_truncation():
 
 
 def test_channel_round_trip_and_rejects_garbage():
-    h = Handoff(key="0:1", owner="prefill-0@h", attempt=1.0, prompt_token_ids=[1, 2], max_tokens=4, temperature=0.0, top_p=1.0,
+    h = Handoff(key="0:1", request_id="row0:1", owner="prefill-0@h", attempt=1.0, prompt_token_ids=[1, 2], max_tokens=4, temperature=0.0, top_p=1.0,
                 seed=None, kv_transfer_params={"remote_block_ids": [[1]]}, prefill_done_at=1.5)
     assert decode(encode(h)) == h
     with pytest.raises(msgspec.DecodeError):

@@ -175,10 +175,13 @@ class TransportConfig:
     connect_timeout_s: float = 600.0  # seconds a prefill worker waits for decode workers to come up
     handoff_timeout_s: float = 300.0  # seconds a hand-off may wait for its result
     handoff_retries: int = 2  # times a row is prefilled and handed off again after a lost decode
+    kv_timeout_s: float = 120.0  # a decode worker gives up on KV that has not arrived after this long
     decode_dead_after_s: float = 30.0  # a decode worker silent this long (no heartbeat) is dead
 
     def __post_init__(self) -> None:
         _check(self.connector in CONNECTORS, "transport.connector", f"must be one of {sorted(CONNECTORS)}, got {self.connector!r}")
+        _check(self.kv_timeout_s > 0, "transport.kv_timeout_s", f"must be > 0, got {self.kv_timeout_s}")
+        _check(self.handoff_retries >= 0, "transport.handoff_retries", f"must be >= 0, got {self.handoff_retries}")
         _check(0 <= self.base_port < 65000, "transport.base_port", f"must be in [0, 65000), got {self.base_port}")
 
 

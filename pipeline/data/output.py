@@ -54,6 +54,9 @@ class RowResult:
     kv_bytes: int = 0
     prefill_worker: str | None = None
     decode_worker: str | None = None
+    # Not an output column: this row's request metrics (pipeline.metrics.REQUEST_SCHEMA columns
+    # known to the worker that served it), written to the run directory by the shard's owner.
+    metrics: dict | None = None
 
 
 RESULT_SCHEMA = pa.schema([
@@ -74,7 +77,7 @@ RESULT_SCHEMA = pa.schema([
     ("prefill_worker", pa.string()),
     ("decode_worker", pa.string()),
 ])
-assert [f.name for f in fields(RowResult)] == RESULT_SCHEMA.names
+assert [f.name for f in fields(RowResult) if f.name != "metrics"] == RESULT_SCHEMA.names
 
 
 def row_ids(table: pa.Table, id_column: str, shard_name: str) -> pa.Array:

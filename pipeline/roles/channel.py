@@ -17,7 +17,8 @@ import msgspec
 class Handoff(msgspec.Struct, tag="handoff"):
     """A prefilled request handed to a decode worker.
 
-    ``kv_transfer_params`` is the dict vLLM returned with the prefill output (the NIXL connector's
+    ``request_id`` is the vLLM request id the prefill engine used (the decode engine must use
+    the same one). ``kv_transfer_params`` is the dict vLLM returned with the prefill output (the NIXL connector's
     block ids, engine id and side-channel address), passed to decode unchanged.
     ``owner`` is the prefill worker's id and ``attempt`` the start time of its process: a decode
     worker that sees a newer attempt of an owner drops what an older attempt left in flight (the
@@ -26,6 +27,7 @@ class Handoff(msgspec.Struct, tag="handoff"):
     """
 
     key: str
+    request_id: str
     owner: str
     attempt: float
     prompt_token_ids: list[int]
@@ -42,7 +44,9 @@ class Result(msgspec.Struct, tag="result"):
 
     ``kv_tokens`` is the number of prompt tokens whose KV the decode engine did not compute itself
     (vLLM's ``num_cached_tokens``: KV that arrived over NIXL). ``token_times`` holds the wall-clock
-    time each output token was seen (seconds since the epoch), one per token id.
+    time each output token was seen (seconds since the epoch), one per token id. ``retry`` means
+    the request never started decoding (its KV did not arrive within ``transport.kv_timeout_s``):
+    the owner should prefill it again and hand it off anew.
     """
 
     key: str
@@ -54,6 +58,7 @@ class Result(msgspec.Struct, tag="result"):
     kv_tokens: int
     arrived_at: float
     token_times: list[float]
+    retry: bool = False
 
 
 Message = Handoff | Result

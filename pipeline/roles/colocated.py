@@ -9,6 +9,7 @@ import time
 from pipeline.data.output import RowResult
 from pipeline.data.prompts import Prompt
 from pipeline.launch.rundir import RunDir
+from pipeline.metrics import StepRecorder
 from pipeline.roles.engine import (
     build_engine, load_tokenizer, request_id, sampling_params, stream, worker_id,
 )
@@ -27,7 +28,8 @@ async def _colocated(run: RunDir, task: int, n_tasks: int, cpus: str | None) -> 
     shards = shards_for_task(run.shards(), task, n_tasks)
     if not shards:
         return worker
-    engine = build_engine(cfg, "colocated", cpus=cpus)
+    recorder = StepRecorder(run.path, worker, "colocated")
+    engine = build_engine(cfg, "colocated", cpus=cpus, recorder=recorder)
     params = sampling_params(cfg.job.sampling)
 
     async def serve(p: Prompt) -> RowResult:
@@ -40,10 +42,13 @@ async def _colocated(run: RunDir, task: int, n_tasks: int, cpus: str | None) -> 
             prefill_s=(first - t0) if first else None, ttft_s=(first - t0) if first else None,
             decode_s=(s.token_times[-1] - first) if first else None,
             prefill_worker=worker,
+            metrics={"prefill_start": t0, "token_times": s.token_times,
+                     "prefix_cached_tokens": s.num_cached_tokens, "tries": 1},
         )
 
     try:
         await own_shards(run, cfg, shards, worker, load_tokenizer(cfg), serve)
     finally:
         engine.shutdown()
+        recorder.flush()
     return worker

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import time
 
 import msgspec
@@ -17,8 +18,9 @@ from pipeline.launch.net import side_channel_port, worker_host
 from pipeline.launch.rundir import RunDir
 from pipeline.roles.auth import Unauthenticated, sign, verify
 from pipeline.roles.channel import Handoff, Result, decode, encode
+from pipeline.metrics import StepRecorder
 from pipeline.roles.engine import (
-    build_engine, is_worker_failure, request_id, sampling_params, stream, worker_id,
+    FirstTokenTimeout, build_engine, is_worker_failure, sampling_params, stream, worker_id,
 )
 
 log = logging.getLogger(__name__)
@@ -33,8 +35,10 @@ async def _decode(run: RunDir, rank: int, cpus: str | None) -> str:
     cfg = run.config()
     worker = worker_id("decode", rank)
     host = worker_host(cfg)
-    engine = build_engine(cfg, "decode", cpus=cpus,
+    recorder = StepRecorder(run.path, worker, "decode")
+    engine = build_engine(cfg, "decode", cpus=cpus, recorder=recorder,
                           side_channel=(host, side_channel_port(cfg, rank, host)))
+    stalls = _injected_kv_stalls()
     ctx = zmq.asyncio.Context()
     sock = ctx.socket(zmq.ROUTER)
     sock.setsockopt(zmq.LINGER, 1000)
@@ -55,7 +59,14 @@ async def _decode(run: RunDir, rank: int, cpus: str | None) -> str:
     attempts: dict[str, tuple[float, set[asyncio.Task]]] = {}  # owner -> (newest attempt, its tasks)
 
     async def serve(peer: bytes, h: Handoff) -> None:
+        nonlocal stalls
         arrived = time.time()
+        rid = h.request_id
+        if stalls > 0:
+            # Fault injection (tests): register under an id the prefill engine does not know,
+            # so the NIXL push never arrives and the request waits for KV until it times out.
+            stalls -= 1
+            rid += "stalled"
         try:
             # remote_prefill_cached_tokens only feeds vLLM's reporting, where it would replace this
             # engine's own count of prompt tokens it did not compute; drop it so kv_tokens
@@ -64,10 +75,16 @@ async def _decode(run: RunDir, rank: int, cpus: str | None) -> str:
                          if k != "remote_prefill_cached_tokens"}
             params = sampling_params(cfg.job.sampling, max_tokens=h.max_tokens,
                                      kv_transfer_params=kv_params)
-            s = await stream(engine, request_id(h.key), h.prompt_token_ids, params)
+            s = await stream(engine, rid, h.prompt_token_ids, params,
+                             first_token_timeout_s=cfg.transport.kv_timeout_s)
             result = Result(key=h.key, decode_worker=worker, token_ids=s.token_ids, text=s.text,
                             finish_reason=s.finish_reason, error=None, kv_tokens=s.num_cached_tokens,
                             arrived_at=arrived, token_times=s.token_times)
+        except FirstTokenTimeout as exc:
+            log.warning("request %s: its KV did not arrive (%s); asking its owner to prefill it again", rid, exc)
+            result = Result(key=h.key, decode_worker=worker, token_ids=[], text="", finish_reason=None,
+                            error=f"KV transfer did not complete: {exc}", kv_tokens=0,
+                            arrived_at=arrived, token_times=[], retry=True)
         except Exception as exc:  # the row becomes an error row at its owner
             if is_worker_failure(exc):
                 raise  # this engine is dead: no answer; the owner's hand-off times out
@@ -115,4 +132,11 @@ async def _decode(run: RunDir, rank: int, cpus: str | None) -> str:
         sock.close()
         ctx.term()
         engine.shutdown()
+        recorder.flush()
     return worker
+
+
+def _injected_kv_stalls() -> int:
+    """``PD_PIPELINE_INJECT_KV_STALLS=N``: the first N hand-offs this worker takes never receive
+    their KV (fault-injection tests only)."""
+    return int(os.environ.get("PD_PIPELINE_INJECT_KV_STALLS", "0") or 0)

@@ -3,6 +3,7 @@ colocated engine, with the process environment vLLM's CPU backend and NIXL read 
 
 from __future__ import annotations
 
+import asyncio
 import os
 import socket
 import time
@@ -10,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
 from pipeline.config import Config, SamplingConfig
+from pipeline.metrics import StepRecorder, step_recorder_factory
 from pipeline.model import resolve_model_path
 
 if TYPE_CHECKING:
@@ -44,11 +46,13 @@ def engine_env(cfg: Config, *, cpus: str | None, side_channel: tuple[str, int] |
 
 
 def build_engine(cfg: Config, role: Role, *, cpus: str | None,
-                 side_channel: tuple[str, int] | None = None) -> "AsyncLLM":
+                 side_channel: tuple[str, int] | None = None,
+                 recorder: "StepRecorder | None" = None) -> "AsyncLLM":
     """Start a vLLM ``AsyncLLM`` engine for ``role`` (~30-120 s on 2 CPU cores; longer the first time, while
     torch.compile fills its cache).
 
     Sets this process's environment first (the engine core is a spawned child that inherits it).
+    ``recorder`` receives the engine's per-step scheduler stats (see :mod:`pipeline.metrics`).
     """
     os.environ.update(engine_env(cfg, cpus=cpus, side_channel=side_channel))
     from vllm.config import KVTransferConfig
@@ -76,7 +80,8 @@ def build_engine(cfg: Config, role: Role, *, cpus: str | None,
         disable_log_stats=True,
         **kwargs,
     )
-    engine = AsyncLLM.from_engine_args(args)
+    loggers = [step_recorder_factory(recorder)] if recorder is not None else None
+    engine = AsyncLLM.from_engine_args(args, stat_loggers=loggers)
     if cpus is not None:
         pin_descendants(parse_cpus(cpus))
     return engine
@@ -161,24 +166,49 @@ def sampling_params(sampling: SamplingConfig, max_tokens: int | None = None,
     )
 
 
+class FirstTokenTimeout(TimeoutError):
+    """A request produced no output within its first-token deadline (on a decode worker: its KV
+    never arrived); vLLM has aborted it."""
+
+
 async def stream(engine: "AsyncLLM", request_id: str, prompt_token_ids: list[int],
-                 params: "SamplingParams") -> Streamed:
+                 params: "SamplingParams", first_token_timeout_s: float | None = None) -> Streamed:
     """Run one request to completion, timestamping every output token as it arrives.
 
-    Raises whatever vLLM raises for the request (for example a prompt longer than the context).
+    Raises:
+        FirstTokenTimeout: no output within ``first_token_timeout_s`` seconds (the request is
+            aborted in the engine, freeing its blocks).
+        Exception: whatever vLLM raises for the request (for example a prompt longer than the
+            context).
     """
     out = Streamed()
-    async for ro in engine.generate({"prompt_token_ids": prompt_token_ids}, params, request_id):
-        now = time.time()
-        completion = ro.outputs[0]
-        out.token_ids.extend(completion.token_ids)
-        out.token_times.extend([now] * len(completion.token_ids))
-        out.text += completion.text
-        # num_cached_tokens is reported with the first output; keep the largest value seen.
-        out.num_cached_tokens = max(out.num_cached_tokens, ro.num_cached_tokens or 0)
-        if ro.finished:
-            out.finish_reason = completion.finish_reason
-            out.kv_transfer_params = ro.kv_transfer_params
+    outputs = aiter(engine.generate({"prompt_token_ids": prompt_token_ids}, params, request_id))
+    try:
+        first = True
+        while True:
+            try:
+                if first and first_token_timeout_s is not None:
+                    ro = await asyncio.wait_for(anext(outputs), first_token_timeout_s)
+                else:
+                    ro = await anext(outputs)
+            except StopAsyncIteration:
+                break
+            except asyncio.TimeoutError:
+                raise FirstTokenTimeout(
+                    f"no output within {first_token_timeout_s:g} s of submitting the request") from None
+            first = False
+            now = time.time()
+            completion = ro.outputs[0]
+            out.token_ids.extend(completion.token_ids)
+            out.token_times.extend([now] * len(completion.token_ids))
+            out.text += completion.text
+            # num_cached_tokens is reported with the first output; keep the largest value seen.
+            out.num_cached_tokens = max(out.num_cached_tokens, ro.num_cached_tokens or 0)
+            if ro.finished:
+                out.finish_reason = completion.finish_reason
+                out.kv_transfer_params = ro.kv_transfer_params
+    finally:
+        await outputs.aclose()  # aborts the request in the engine if it did not finish
     return out
 
 
@@ -205,9 +235,11 @@ def worker_id(role: str, index: int) -> str:
     return f"{role}-{index}@{socket.gethostname()}"
 
 
-def request_id(key: str) -> str:
-    """The vLLM request id of row ``key`` ("<shard index>:<row index>"), the same on the prefill
-    and the decode engine: vLLM's NIXL push connector pairs the decode side's registration with
-    the prefill side's finished blocks by this id (less the random suffix vLLM appends after the
-    last "-"), so it must match on both sides and must not contain "-" itself."""
-    return f"row{key}"
+def request_id(key: str, try_: int = 0) -> str:
+    """The vLLM request id of row ``key`` ("<shard index>:<row index>") on its ``try_``-th
+    prefill (0 first), the same on the prefill and the decode engine: vLLM's NIXL push connector
+    pairs the decode side's registration with the prefill side's finished blocks by this id (less
+    the random suffix vLLM appends after the last "-"), so it must match on both sides and must not
+    contain "-" itself. A retry gets a new id so that it never meets blocks the prefill engine
+    still holds for an earlier, abandoned try."""
+    return f"row{key}" if try_ == 0 else f"row{key}t{try_}"

@@ -13,6 +13,7 @@ from pipeline.data.output import RowCheckpoint, RowResult, build_output, row_ids
 from pipeline.data.prompts import Prompt, make_prompts
 from pipeline.data.shards import Shard, output_url, read_shard, write_atomic
 from pipeline.launch.rundir import RunDir
+from pipeline.metrics import write_request_metrics
 from pipeline.roles.engine import is_worker_failure
 
 ServeRow = Callable[[Prompt], Awaitable[RowResult]]
@@ -86,6 +87,7 @@ async def _own_shard(run: RunDir, cfg: Config, shard: Shard, worker: str, tokeni
 
     checkpoint = RowCheckpoint(run.path / "checkpoints" / shard.name, job.checkpoint_rows)
     resumed = checkpoint.load()
+    metrics: list[dict] = []  # request metrics not yet written; written with each checkpoint batch
 
     async def one(p: Prompt) -> RowResult:
         if p.row in resumed:
@@ -104,12 +106,23 @@ async def _own_shard(run: RunDir, cfg: Config, shard: Shard, worker: str, tokeni
                 result.queue_s = t0 - t_read
                 result.prompt_tokens = len(p.token_ids)
                 result.prompt_truncated = p.truncated
+                metrics.append({
+                    **(result.metrics or {"prefill_start": t0, "tries": 1}),
+                    "key": p.key, "shard": shard.name, "row": p.row, "read_at": t_read,
+                    "prefill_worker": result.prefill_worker, "decode_worker": result.decode_worker,
+                    "prompt_tokens": result.prompt_tokens, "output_tokens": result.output_tokens,
+                    "kv_tokens": result.kv_tokens, "kv_bytes": result.kv_bytes, "error": result.error,
+                })
         progress.add(rows=1, output_tokens=result.output_tokens)
+        if len(metrics) >= job.checkpoint_rows:
+            await asyncio.to_thread(write_request_metrics, run.path, shard.name, metrics.copy())
+            metrics.clear()
         await checkpoint.add(p.row, result)
         return result
 
     progress.add(rows=len(resumed), output_tokens=sum(r.output_tokens for r in resumed.values()))
     results = await asyncio.gather(*(one(p) for p in prompts))
+    await asyncio.to_thread(write_request_metrics, run.path, shard.name, metrics.copy())
     table_out = build_output(table, ids, job.id_column, job.text_column, results)
     await asyncio.to_thread(write_atomic, table_out, output_url(run.output_dir(), shard))
     checkpoint.clear()

@@ -17,6 +17,7 @@ from pipeline.data.output import RowResult
 from pipeline.data.prompts import Prompt
 from pipeline.launch.net import side_channel_port, worker_host
 from pipeline.launch.rundir import RunDir
+from pipeline.metrics import StepRecorder
 from pipeline.roles.auth import Unauthenticated, sign, verify
 from pipeline.roles.channel import Handoff, Result, decode, encode
 from pipeline.roles.engine import (
@@ -179,7 +180,8 @@ async def _prefill(run: RunDir, task: int, n_tasks: int, cpus: str | None) -> st
         return worker
     host = worker_host(cfg)
     port = side_channel_port(cfg, cfg.pools.decode + task, host)
-    engine = build_engine(cfg, "prefill", cpus=cpus, side_channel=(host, port))
+    recorder = StepRecorder(run.path, worker, "prefill")
+    engine = build_engine(cfg, "prefill", cpus=cpus, side_channel=(host, port), recorder=recorder)
     kv_per_token = kv_bytes_per_token(cfg)
     prefill_params = sampling_params(cfg.job.sampling, max_tokens=1, kv_transfer_params=REMOTE_DECODE)
     clients = None
@@ -191,36 +193,46 @@ async def _prefill(run: RunDir, task: int, n_tasks: int, cpus: str | None) -> st
         async def serve(p: Prompt) -> RowResult:
             tries = cfg.transport.handoff_retries + 1
             for n in range(tries):
+                rid = request_id(p.key, n)
                 t0 = time.time()
-                pre = await stream(engine, request_id(p.key), p.token_ids, prefill_params)
+                pre = await stream(engine, rid, p.token_ids, prefill_params)
                 t_prefilled = time.time()
                 if not pre.kv_transfer_params:
                     raise RuntimeError("prefill returned no kv_transfer_params; is a NIXL connector configured?")
                 try:
                     res = await clients.handoff(Handoff(
-                        key=p.key, owner=worker, attempt=attempt, prompt_token_ids=p.token_ids,
-                        max_tokens=cfg.job.sampling.max_new_tokens,
+                        key=p.key, request_id=rid, owner=worker, attempt=attempt,
+                        prompt_token_ids=p.token_ids, max_tokens=cfg.job.sampling.max_new_tokens,
                         temperature=cfg.job.sampling.temperature, top_p=cfg.job.sampling.top_p,
                         seed=cfg.job.sampling.seed, kv_transfer_params=pre.kv_transfer_params,
                         prefill_done_at=t_prefilled), wait_s=cfg.transport.connect_timeout_s)
-                    break
                 except (DecodeLost, TimeoutError) as exc:
                     # The KV this prefill produced is gone with that decode worker (or never
                     # arrived): prefill again and hand off to a live one.
                     if n + 1 == tries:
                         raise
                     log.warning("row %s: %s; serving it again (try %d of %d)", p.key, exc, n + 2, tries)
+                    continue
+                if not res.retry:
+                    break
+                # The decode worker gave up waiting for this request's KV and aborted it.
+                if n + 1 < tries:
+                    log.warning("row %s: %s; serving it again (try %d of %d)", p.key, res.error, n + 2, tries)
             first = res.token_times[0] if res.token_times else None
+            error = res.error if not res.retry else f"{res.error} (after {tries} tries)"
             return RowResult(
-                generation=None if res.error else res.text,
-                generation_token_ids=None if res.error else res.token_ids,
-                finish_reason=res.finish_reason, output_tokens=len(res.token_ids), error=res.error,
+                generation=None if error else res.text,
+                generation_token_ids=None if error else res.token_ids,
+                finish_reason=res.finish_reason, output_tokens=len(res.token_ids), error=error,
                 prefill_s=t_prefilled - t0,
                 kv_handoff_s=(first - t_prefilled) if first else None,
                 ttft_s=(first - t0) if first else None,
                 decode_s=(res.token_times[-1] - first) if first else None,
                 kv_tokens=res.kv_tokens, kv_bytes=res.kv_tokens * kv_per_token,
                 prefill_worker=worker, decode_worker=res.decode_worker,
+                metrics={"prefill_start": t0, "prefill_end": t_prefilled,
+                         "decode_arrived_at": res.arrived_at, "token_times": res.token_times,
+                         "prefix_cached_tokens": pre.num_cached_tokens, "tries": n + 1},
             )
 
         await own_shards(run, cfg, shards, worker, load_tokenizer(cfg), serve)
@@ -228,4 +240,5 @@ async def _prefill(run: RunDir, task: int, n_tasks: int, cpus: str | None) -> st
         if clients is not None:
             clients.close()
         engine.shutdown()
+        recorder.flush()
     return worker

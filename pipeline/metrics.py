@@ -1,0 +1,197 @@
+"""Per-request and per-worker metrics, written as Parquet in the run directory next to the output.
+
+``RUN_DIR/metrics/requests/<shard name>/part-<n>.parquet``: one row per served row (rows that
+became error rows before prefill, such as empty text, have no metrics). Written by the shard's
+owner each time it checkpoints a batch of finished rows, so a resumed run keeps the metrics of
+rows finished before the interruption. All times are wall-clock seconds since the epoch
+(``time.time()``), so rows from different workers on one node line up; across nodes they are as
+good as the nodes' clock synchronisation (NTP: ~1 ms).
+
+==================  =============  ======================================================
+column              type           meaning
+==================  =============  ======================================================
+key                 string         ``"<shard index>:<row index>"``
+shard               string         input shard file name
+row                 int64          row index in the shard
+prefill_worker      string         worker id of the prefill (or colocated) worker
+decode_worker       string         worker id of the decode worker; null when colocated
+read_at             float64        the shard was read (the row became ready to serve)
+prefill_start       float64        the row entered prefill (queue wait = this - read_at)
+prefill_end         float64        prefill finished: KV ready for hand-off (null colocated)
+decode_arrived_at   float64        the hand-off reached the decode worker (null colocated)
+token_times         list<float64>  when each output token was seen, one per token
+prompt_tokens       int32          tokens in the prompt
+output_tokens       int32          tokens generated
+kv_tokens           int64          prompt tokens whose KV decode received over NIXL
+kv_bytes            int64          kv_tokens x KV bytes per token
+prefix_cached_tokens int64         prompt tokens the prefill engine found in its prefix cache
+tries               int32          times the row was prefilled (> 1 after a lost hand-off)
+error               string         null unless the row failed while being served
+==================  =============  ======================================================
+
+Derived (see :func:`request_summary`): TTFT = ``token_times[0] - prefill_start``; ITL = the
+differences of consecutive ``token_times``; KV hand-off = ``token_times[0] - prefill_end``.
+
+``RUN_DIR/metrics/workers/<worker id>.<pid>.parquet``: one row per engine step of one worker,
+written by a vLLM stat logger (:class:`StepRecorder`) when the worker stops (and every
+``FLUSH_EVERY_S`` seconds while it runs).
+
+==================  =========  ============================================================
+column              type       meaning
+==================  =========  ============================================================
+worker              string     worker id ("prefill-0@host", "decode-1@host", "colocated-0@host")
+role                string     "prefill" | "decode" | "colocated"
+t                   float64    when the step's outputs were processed (epoch seconds)
+running             int32      requests in the running batch (the batch size of the step)
+waiting             int32      requests waiting (including those waiting for remote KV)
+kv_cache_usage      float64    fraction of the KV cache's blocks in use, 0..1
+prompt_tokens       int32      prompt tokens computed in the step
+generation_tokens   int32      output tokens produced in the step
+==================  =========  ============================================================
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+REQUEST_SCHEMA = pa.schema([
+    ("key", pa.string()),
+    ("shard", pa.string()),
+    ("row", pa.int64()),
+    ("prefill_worker", pa.string()),
+    ("decode_worker", pa.string()),
+    ("read_at", pa.float64()),
+    ("prefill_start", pa.float64()),
+    ("prefill_end", pa.float64()),
+    ("decode_arrived_at", pa.float64()),
+    ("token_times", pa.list_(pa.float64())),
+    ("prompt_tokens", pa.int32()),
+    ("output_tokens", pa.int32()),
+    ("kv_tokens", pa.int64()),
+    ("kv_bytes", pa.int64()),
+    ("prefix_cached_tokens", pa.int64()),
+    ("tries", pa.int32()),
+    ("error", pa.string()),
+])
+
+WORKER_SCHEMA = pa.schema([
+    ("worker", pa.string()),
+    ("role", pa.string()),
+    ("t", pa.float64()),
+    ("running", pa.int32()),
+    ("waiting", pa.int32()),
+    ("kv_cache_usage", pa.float64()),
+    ("prompt_tokens", pa.int32()),
+    ("generation_tokens", pa.int32()),
+])
+
+FLUSH_EVERY_S = 30.0
+
+
+def _write(table: pa.Table, path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    pq.write_table(table, tmp)
+    tmp.rename(path)
+
+
+def write_request_metrics(run_path: Path, shard: str, records: list[dict[str, Any]]) -> None:
+    """Append ``records`` (dicts with the :data:`REQUEST_SCHEMA` columns) as one new part file
+    of ``shard``'s request metrics. Written under a temporary name and renamed."""
+    if not records:
+        return
+    table = pa.Table.from_pylist(records, schema=REQUEST_SCHEMA)
+    _write(table, Path(run_path) / "metrics" / "requests" / shard / f"part-{uuid.uuid4().hex}.parquet")
+
+
+def read_request_metrics(run_path: Path) -> pa.Table:
+    """Every request metrics row of a run (an empty table with the schema when there is none)."""
+    parts = sorted((Path(run_path) / "metrics" / "requests").glob("*/part-*.parquet"))
+    if not parts:
+        return REQUEST_SCHEMA.empty_table()
+    return pa.concat_tables([pq.read_table(p, schema=REQUEST_SCHEMA) for p in parts])
+
+
+def read_worker_metrics(run_path: Path) -> pa.Table:
+    """Every worker step row of a run (an empty table with the schema when there is none)."""
+    parts = sorted((Path(run_path) / "metrics" / "workers").glob("*.parquet"))
+    if not parts:
+        return WORKER_SCHEMA.empty_table()
+    return pa.concat_tables([pq.read_table(p, schema=WORKER_SCHEMA) for p in parts])
+
+
+class StepRecorder:
+    """Collects one :data:`WORKER_SCHEMA` row per engine step from vLLM's scheduler and iteration
+    stats (a ``StatLoggerBase`` made by :func:`step_recorder_factory`), and writes them to
+    ``RUN_DIR/metrics/workers/<worker>.<pid>.parquet`` (rewritten whole at each flush).
+
+    Cost: one tuple appended per engine step (microseconds, against steps of milliseconds).
+    """
+
+    def __init__(self, run_path: Path, worker: str, role: str):
+        import os
+
+        self.path = Path(run_path) / "metrics" / "workers" / f"{worker}.{os.getpid()}.parquet"
+        self.worker, self.role = worker, role
+        self.rows: list[tuple] = []
+        self.flushed_at = time.monotonic()
+
+    def record(self, scheduler_stats: Any, iteration_stats: Any) -> None:
+        if scheduler_stats is None and iteration_stats is None:
+            return
+        s = scheduler_stats
+        self.rows.append((
+            time.time(),
+            s.num_running_reqs if s is not None else None,
+            s.num_waiting_reqs + s.num_skipped_waiting_reqs if s is not None else None,
+            s.kv_cache_usage if s is not None else None,
+            iteration_stats.num_prompt_tokens if iteration_stats is not None else 0,
+            iteration_stats.num_generation_tokens if iteration_stats is not None else 0,
+        ))
+        if time.monotonic() - self.flushed_at > FLUSH_EVERY_S:
+            self.flush()
+
+    def flush(self) -> None:
+        self.flushed_at = time.monotonic()
+        if not self.rows:
+            return
+        cols = list(zip(*self.rows))
+        n = len(self.rows)
+        table = pa.table({
+            "worker": pa.array([self.worker] * n, pa.string()),
+            "role": pa.array([self.role] * n, pa.string()),
+            "t": pa.array(cols[0], pa.float64()),
+            "running": pa.array(cols[1], pa.int32()),
+            "waiting": pa.array(cols[2], pa.int32()),
+            "kv_cache_usage": pa.array(cols[3], pa.float64()),
+            "prompt_tokens": pa.array(cols[4], pa.int32()),
+            "generation_tokens": pa.array(cols[5], pa.int32()),
+        }, schema=WORKER_SCHEMA)
+        try:
+            _write(table, self.path)
+        except OSError:  # metrics must never take a worker down
+            pass
+
+
+def step_recorder_factory(recorder: StepRecorder):
+    """A vLLM ``StatLoggerFactory`` (``(vllm_config, engine_index) -> StatLoggerBase``) whose
+    loggers feed ``recorder``; pass it in ``AsyncLLM.from_engine_args(stat_loggers=[...])``."""
+    from vllm.v1.metrics.loggers import StatLoggerBase
+
+    class _Logger(StatLoggerBase):
+        def __init__(self, vllm_config: Any, engine_index: int = 0):
+            pass
+
+        def record(self, scheduler_stats, iteration_stats, mm_cache_stats=None, engine_idx=0):
+            recorder.record(scheduler_stats, iteration_stats)
+
+        def log_engine_initialized(self) -> None:
+            pass
+
+    return _Logger
