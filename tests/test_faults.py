@@ -112,3 +112,27 @@ def test_kv_transfer_that_never_completes_is_retried(tmp_path, colocated_run):
     m = read_request_metrics(tmp_path / "run").to_pylist()
     assert sorted(r["tries"] for r in m) == [1] * (got.num_rows - 2) + [2, 2]
     assert all(r["kv_tokens"] >= r["prompt_tokens"] - 1 for r in m)
+
+
+@pytest.mark.e2e
+def test_no_decode_worker_at_start_fails_clearly_then_reruns(tmp_path, colocated_run):
+    # The decode worker starts 900 s late (PD_PIPELINE_INJECT_DECODE_START_DELAY_S); prefill
+    # waits transport.connect_timeout_s=5 for it, then the run fails saying why, writing nothing,
+    # and stops the late decode worker instead of waiting for it.
+    shard = "shard-00001.parquet"
+    args = [*COMMON, f"job.input={SAMPLE / shard}", f"run.dir={tmp_path / 'run'}",
+            f"job.output={tmp_path / 'out'}"]
+    p = run_pipeline(*args, "transport.connect_timeout_s=5", timeout=600,
+                     env={"PD_PIPELINE_INJECT_DECODE_START_DELAY_S": "900"})
+    assert p.returncode == 1, p.stderr[-3000:]
+    assert "0 of 1 decode workers came up within 5 s" in p.stderr, p.stderr[-3000:]
+    assert "Traceback" not in p.stderr, p.stderr[-3000:]  # one clear line, no worker's traceback
+    assert not list((tmp_path / "run" / "decode").glob("rank-*.json"))
+    assert not (tmp_path / "out" / shard).exists()
+    # The same run dir, with the decode worker back: every row exactly once, as colocated.
+    again = run_pipeline(*args)
+    assert again.returncode == 0, again.stderr[-3000:]
+    got = pq.read_table(tmp_path / "out" / shard)
+    want = colocated_run.table(shard)
+    assert got.column("id").to_pylist() == want.column("id").to_pylist()
+    assert got.column("generation_token_ids").to_pylist() == want.column("generation_token_ids").to_pylist()

@@ -74,6 +74,12 @@ class _QueueCheck:
         return job.done() or job.job_id in self.gone
 
 
+# "pkg.mod.SomeError: message" (or "...Exception", "...Exit", "...Interrupt", and this project's
+# DecodeUnavailable / DecodeLost), as Python prints an exception's last traceback line.
+_EXCEPTION_LINE = re.compile(
+    r"^(?:[A-Za-z_]\w*\.)*[A-Z]\w*(?:Error|Exception|Exit|Interrupt|Unavailable|Lost)\b")
+
+
 def _failure(job, queue: _QueueCheck) -> str | None:
     """One line saying why ``job`` failed, or None if it succeeded or still runs."""
     if not queue.ended(job):
@@ -92,10 +98,23 @@ def _failure(job, queue: _QueueCheck) -> str | None:
         return None
     lines = [ln.strip() for ln in str(exc).strip().splitlines() if ln.strip()]
     # submitit's FailedJobError text holds the worker's traceback; its last "...Error: ..." line
-    # is the cause.
-    causes = [ln for ln in lines if re.match(r"^[\w.]+(Error|Exception|Exit|Interrupt)\b", ln)]
+    # is the cause. A KeyboardInterrupt is the launcher cancelling the job, not a cause, when
+    # something else is named.
+    causes = [ln for ln in lines if _EXCEPTION_LINE.match(ln)]
+    causes = [c for c in causes if not c.startswith("KeyboardInterrupt")] or causes
     cause = causes[-1] if causes else (lines[-1] if lines else type(exc).__name__)
     return f"job {job.job_id}: {cause} (log: {job.paths.stderr})"
+
+
+def _cancel(job) -> None:
+    """Cancel ``job``. submitit cancels a local job with SIGINT, whose controller process then
+    prints a KeyboardInterrupt traceback on the user's terminal; SIGTERM ends it as cleanly
+    (the controller forwards it to the task)."""
+    process = getattr(job, "_process", None)
+    if type(job).__name__ == "LocalJob" and process is not None:
+        process.terminate()
+    else:
+        job.cancel(check=False)
 
 
 def watch(run: RunDir, jobs: Jobs, total_rows: int, progress: bool = True,
@@ -133,7 +152,7 @@ def watch(run: RunDir, jobs: Jobs, total_rows: int, progress: bool = True,
             if dead and len(dead) == len(jobs.servers):
                 errors += [_failure(j, queue) for j in dead]
                 for j in jobs.owners:
-                    j.cancel(check=False)
+                    _cancel(j)
                 break
             time.sleep(poll_s)
         done = run.progress()
@@ -141,13 +160,15 @@ def watch(run: RunDir, jobs: Jobs, total_rows: int, progress: bool = True,
         tokens_bar.update(sum(p["output_tokens"] for p in done) - tokens_bar.n)
     except KeyboardInterrupt:
         for j in jobs.all():
-            j.cancel(check=False)
+            _cancel(j)
         raise
     finally:
         rows_bar.close()
         tokens_bar.close()
         run.request_stop()
-    deadline = time.monotonic() + stop_grace_s
+    owners_failed = [e for e in (_failure(j, queue) for j in jobs.owners) if e]
+    # After a failed owner the run is over: do not wait for decode workers to wind down.
+    deadline = time.monotonic() + (0 if owners_failed or errors else stop_grace_s)
     while time.monotonic() < deadline:
         queue.refresh(jobs.servers)
         if all(queue.ended(j) for j in jobs.servers):
@@ -155,7 +176,7 @@ def watch(run: RunDir, jobs: Jobs, total_rows: int, progress: bool = True,
         time.sleep(poll_s)
     for j in jobs.servers:
         if not j.done():
-            j.cancel(check=False)
-    errors += [e for e in (_failure(j, queue) for j in jobs.owners) if e]
+            _cancel(j)
+    errors += owners_failed
     if errors:
         raise RunFailed("; ".join(dict.fromkeys(errors)))

@@ -34,6 +34,9 @@ def decode_main(run_dir: str, rank: int, cpus: str | None) -> str:
 async def _decode(run: RunDir, rank: int, cpus: str | None) -> str:
     cfg = run.config()
     worker = worker_id("decode", rank)
+    # Fault injection (tests only): a decode worker that comes up late, or never within the
+    # prefill workers' transport.connect_timeout_s.
+    await asyncio.sleep(float(os.environ.get("PD_PIPELINE_INJECT_DECODE_START_DELAY_S", "0") or 0))
     host = worker_host(cfg)
     recorder = StepRecorder(run.path, worker, "decode")
     engine = build_engine(cfg, "decode", cpus=cpus, recorder=recorder,
