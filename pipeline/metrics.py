@@ -47,7 +47,11 @@ waiting             int32      requests waiting (including those waiting for rem
 kv_cache_usage      float64    fraction of the KV cache's blocks in use, 0..1
 prompt_tokens       int32      prompt tokens computed in the step
 generation_tokens   int32      output tokens produced in the step
+prefix_cache_queries int64     prompt tokens looked up in the local prefix cache in the step
+prefix_cache_hits   int64      of those, tokens found (their KV neither computed nor received)
 ==================  =========  ============================================================
+
+vLLM's prefix-cache hit rate of a worker = sum(prefix_cache_hits) / sum(prefix_cache_queries).
 """
 
 from __future__ import annotations
@@ -89,6 +93,8 @@ WORKER_SCHEMA = pa.schema([
     ("kv_cache_usage", pa.float64()),
     ("prompt_tokens", pa.int32()),
     ("generation_tokens", pa.int32()),
+    ("prefix_cache_queries", pa.int64()),
+    ("prefix_cache_hits", pa.int64()),
 ])
 
 FLUSH_EVERY_S = 30.0
@@ -153,6 +159,8 @@ class StepRecorder:
             s.kv_cache_usage if s is not None else None,
             iteration_stats.num_prompt_tokens if iteration_stats is not None else 0,
             iteration_stats.num_generation_tokens if iteration_stats is not None else 0,
+            s.prefix_cache_stats.queries if s is not None and s.prefix_cache_stats else 0,
+            s.prefix_cache_stats.hits if s is not None and s.prefix_cache_stats else 0,
         ))
         if time.monotonic() - self.flushed_at > FLUSH_EVERY_S:
             self.flush()
@@ -172,6 +180,8 @@ class StepRecorder:
             "kv_cache_usage": pa.array(cols[3], pa.float64()),
             "prompt_tokens": pa.array(cols[4], pa.int32()),
             "generation_tokens": pa.array(cols[5], pa.int32()),
+            "prefix_cache_queries": pa.array(cols[6], pa.int64()),
+            "prefix_cache_hits": pa.array(cols[7], pa.int64()),
         }, schema=WORKER_SCHEMA)
         try:
             _write(table, self.path)

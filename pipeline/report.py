@@ -193,7 +193,9 @@ def _latencies(cols: dict[str, list]) -> dict[str, np.ndarray]:
 def worker_stats(workers: Any) -> dict[str, dict[str, Any]]:
     """Per worker id: ``role``, ``steps``, ``span_s`` (first to last step), ``busy_s``,
     ``busy_fraction`` (see the module docstring; null for a span of 0), ``mean_batch_size``
-    (over steps with running > 0), ``max_batch_size``, ``max_kv_cache_usage`` (0..1)."""
+    (over steps with running > 0), ``max_batch_size``, ``max_kv_cache_usage`` (0..1),
+    ``prefix_cache_queries`` / ``prefix_cache_hits`` (prompt tokens, vLLM's local prefix cache)
+    and their ratio ``prefix_cache_hit_rate`` (null without queries)."""
     out: dict[str, dict[str, Any]] = {}
     if workers is None or workers.num_rows == 0:
         return out
@@ -222,6 +224,8 @@ def worker_stats(workers: Any) -> dict[str, dict[str, Any]]:
         busy = float(dt[np.nan_to_num(running[:-1]) > 0].sum()) if t.size > 1 else 0.0
         active = running[np.nan_to_num(running) > 0]
         roles = {cols["role"][i] for i in idx}
+        queries = int(sum(cols["prefix_cache_queries"][i] or 0 for i in idx)) if "prefix_cache_queries" in cols else 0
+        hits = int(sum(cols["prefix_cache_hits"][i] or 0 for i in idx)) if "prefix_cache_hits" in cols else 0
         out[str(w)] = {
             "role": sorted(r for r in roles if r is not None)[0] if roles - {None} else None,
             "steps": len(idx),
@@ -231,6 +235,9 @@ def worker_stats(workers: Any) -> dict[str, dict[str, Any]]:
             "mean_batch_size": _f(active.mean()) if active.size else None,
             "max_batch_size": int(np.nanmax(running)) if np.isfinite(running).any() else None,
             "max_kv_cache_usage": _f(np.nanmax(kv)) if np.isfinite(kv).any() else None,
+            "prefix_cache_queries": queries,
+            "prefix_cache_hits": hits,
+            "prefix_cache_hit_rate": hits / queries if queries else None,
         }
     return out
 

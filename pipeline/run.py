@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -27,6 +28,7 @@ class Summary:
     output_tokens: int
     wall_s: float
     failed: dict[str, str] = field(default_factory=dict)  # shard name -> why it failed as a whole
+    report: dict | None = None  # pipeline.report's summary (report.json), when it was written
 
     @property
     def output_tokens_per_s(self) -> float:
@@ -38,7 +40,15 @@ class Summary:
                 f"{self.output_tokens_per_s:.1f} output tok/s | wall {self.wall_s:.1f} s\n"
                 f"output: {self.output} ({self.shards_done}/{self.shards} shards)\n"
                 f"run dir: {self.run_dir}"
+                + (f"\nreport: {self.report['report_dir']} | {_latency_line(self.report)}" if self.report else "")
                 + "".join(f"\nfailed shard {name}: {why}" for name, why in self.failed.items()))
+
+
+def _latency_line(r: dict) -> str:
+    def ms(key: str) -> str:
+        return "-" if r.get(key) is None else f"{1000 * r[key]:.0f} ms"
+    return (f"TTFT p50 {ms('ttft_p50_s')}, p99 {ms('ttft_p99_s')} | ITL p50 {ms('itl_p50_s')}, "
+            f"p99 {ms('itl_p99_s')}, max {ms('itl_max_s')} | stalls > {1000 * r['stall_threshold_s']:.0f} ms: {r['stalls']}")
 
 
 def new_run_dir(cfg: Config) -> Path:
@@ -89,6 +99,8 @@ class RunHandle:
         if self._summary is None:
             watch(self.run, self.jobs, self.total_rows, progress=progress)
             self._summary = summarize(self.run, self.output, self.n_shards, time.monotonic() - self.started)
+            if self.cfg.run.report:
+                self._summary.report = _report(self.run)
         return self._summary
 
     def result(self):
@@ -131,6 +143,20 @@ def start_job(cfg: Config) -> RunHandle:
     write_json(run.path / "jobs.json", {"owners": [j.job_id for j in jobs.owners],
                                         "servers": [j.job_id for j in jobs.servers]})
     return RunHandle(cfg, run, jobs, output, len(shards), total_rows)
+
+
+def _report(run: RunDir) -> dict | None:
+    """Write the run report (pipeline.report) into ``RUN_DIR/report``; a report that cannot be
+    made (no rows served, say) is a warning, not a failed run."""
+    from pipeline.report import write_report
+
+    try:
+        r = write_report(run.path)
+    except (OSError, ValueError) as exc:
+        print(f"warning: no run report: {exc}", file=sys.stderr)
+        return None
+    r["report_dir"] = str(run.path / "report")
+    return r
 
 
 def summarize(run: RunDir, output: str, n_shards: int, wall_s: float) -> Summary:

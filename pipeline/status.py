@@ -30,6 +30,11 @@ def status_text(run: RunDir) -> str:
     for w in sorted(workers, key=lambda w: w["worker"]):
         lines.append(f"  {w['worker']}: {w['rows']} rows, {w['output_tokens']} output tokens, "
                      f"{w['shards']} shards")
+    now = time.time()
+    for rank, d in sorted(run.decode_endpoints().items()):
+        age = now - d.get("heartbeat", 0)
+        state = "alive" if age < 10 else "silent (ended, or dead)"
+        lines.append(f"  decode rank {rank} {d['worker']}: {state}, last heartbeat {age:.0f} s ago")
     for name, f in failed.items():
         lines.append(f"  failed {name}: {f['error']}")
     return "\n".join(lines)

@@ -65,6 +65,7 @@ def _write_steps(run: Path, steps, name: str = "steps") -> None:
         "t": [T0 + s[2] for s in steps], "running": [s[3] for s in steps],
         "waiting": [0] * len(steps), "kv_cache_usage": [s[4] for s in steps],
         "prompt_tokens": [0] * len(steps), "generation_tokens": [1] * len(steps),
+        "prefix_cache_queries": [0] * len(steps), "prefix_cache_hits": [0] * len(steps),
     }, schema=WORKER_SCHEMA)
     path = run / "metrics" / "workers" / f"{name}.parquet"
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -185,6 +186,7 @@ def test_step_recorder_table_is_read(tmp_path):
         def __init__(self, n):
             self.num_running_reqs, self.num_waiting_reqs, self.num_skipped_waiting_reqs = n, 0, 0
             self.kv_cache_usage = 0.25
+            self.prefix_cache_stats = None
 
     class It:
         num_prompt_tokens, num_generation_tokens = 0, 1

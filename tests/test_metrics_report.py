@@ -1,0 +1,92 @@
+"""Metrics, run report and planner on real runs (the session's shared colocated / push / pull
+runs over the sample data: real vLLM, real NIXL)."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pyarrow.dataset as ds
+import pytest
+from matplotlib import image
+
+from pipeline import plan
+from pipeline.metrics import read_request_metrics, read_worker_metrics
+from pipeline.report import compare_reports, write_report
+
+pytestmark = pytest.mark.e2e
+
+
+def _output(run) -> dict:
+    t = ds.dataset(run.output, format="parquet").to_table()
+    return dict(zip(t.column("id").to_pylist(), t.to_pylist()))
+
+
+def test_request_metrics_agree_with_the_output_and_vllm_counters(push_run):
+    m = read_request_metrics(push_run.run_dir).to_pylist()
+    out = _output(push_run)
+    assert len(m) == len(out) == 24
+    by_key = {(r["shard"], r["row"]): r for r in m}
+    assert len(by_key) == 24  # one metrics row per row
+    for r in m:
+        # One timestamp per token of the output shard, non-decreasing, after prefill ended,
+        # which is after it started.
+        assert len(r["token_times"]) == r["output_tokens"]
+        assert r["prefill_start"] <= r["prefill_end"] <= r["decode_arrived_at"] <= r["token_times"][0]
+        assert np.all(np.diff(r["token_times"]) >= 0)
+        assert r["tries"] == 1 and r["error"] is None
+    assert sum(r["output_tokens"] for r in m) == sum(len(o["generation_token_ids"]) for o in out.values())
+    # vLLM's own per-step counters (the stat logger) on the decode worker: it generated every
+    # output token; the prefill worker computed every prompt token (no prefix cache hits here).
+    w = read_worker_metrics(push_run.run_dir).to_pylist()
+    decode = [s for s in w if s["role"] == "decode"]
+    prefill = [s for s in w if s["role"] == "prefill"]
+    assert sum(s["generation_tokens"] for s in decode) == sum(r["output_tokens"] for r in m)
+    assert sum(s["prompt_tokens"] for s in prefill) == sum(r["prompt_tokens"] for r in m) - sum(
+        r["prefix_cached_tokens"] for r in m)
+    assert max(s["running"] for s in decode) >= 2  # continuous batching did batch
+
+
+def test_run_wrote_its_report_and_stalls_match_the_raw_token_times(push_run):
+    report_dir = push_run.run_dir / "report"
+    r = json.loads((report_dir / "report.json").read_text())
+    m = read_request_metrics(push_run.run_dir).to_pylist()
+    gaps = np.concatenate([np.diff(x["token_times"]) for x in m])
+    assert r["stalls"] == int((gaps > 0.060).sum())
+    assert r["itl_max_s"] == pytest.approx(gaps.max())
+    ttft = [x["token_times"][0] - x["prefill_start"] for x in m]
+    assert r["ttft_p50_s"] == pytest.approx(float(np.percentile(ttft, 50)))
+    assert r["timeline_rows"] == 24 and r["requests"] == 24
+    for name in ("timeline.png", "latency.png", "utilisation.png"):
+        png = report_dir / name
+        assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+        pixels = image.imread(png)
+        assert pixels.shape[0] > 100 and pixels.std() > 0  # not a blank image
+
+
+def test_compare_colocated_with_disaggregated(colocated_run, push_run, tmp_path):
+    c = compare_reports(colocated_run.run_dir, push_run.run_dir, tmp_path, labels=("colocated", "push"))
+    assert (tmp_path / "compare.png").stat().st_size > 10_000
+    want = push_run.summary()["output_tokens"] / colocated_run.summary()["output_tokens"]
+    assert c["b"]["output_tokens"] / c["a"]["output_tokens"] == pytest.approx(want)
+    assert c["a"]["mode"] == "colocated" and c["b"]["mode"] == "disaggregated"
+
+
+def test_planner_calibrated_on_one_run_predicts_another(push_run, pull_run):
+    """The planner's CPU profile is fitted on the push run; its TTFT and ITL predictions for the
+    pull run (same layout, 1P:1D, same prompts) are compared with what the pull run measured.
+    The errors are stated in the README ("Planning pools")."""
+    model = plan.model_of_run(push_run.run_dir)
+    hw = plan.calibrate(push_run.run_dir, model)
+    pred = plan.predict(model, hw, plan.workload_from_run(pull_run.run_dir), "disaggregated", 1, 1)
+    measured = write_report(pull_run.run_dir, pull_run.run_dir / "report-again")
+    ttft_err = pred.ttft_s / measured["ttft_p50_s"]
+    itl_err = pred.itl_s / np.mean([x for x in _itl_means(pull_run)])
+    print(f"planner/measured: TTFT {ttft_err:.2f}x, ITL {itl_err:.2f}x")
+    assert 1 / 3 < ttft_err < 3 and 1 / 3 < itl_err < 3
+
+
+def _itl_means(run) -> list[float]:
+    """Per request mean ITL (seconds) from the raw token times."""
+    return [float(np.mean(np.diff(x["token_times"]))) for x in read_request_metrics(run.run_dir).to_pylist()
+            if len(x["token_times"]) > 1]
