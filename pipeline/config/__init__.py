@@ -7,7 +7,7 @@ from pathlib import Path
 from omegaconf import OmegaConf
 
 from pipeline.config.schema import (
-    ClusterConfig, Config, JobConfig, ModelConfig, PoolsConfig, RunConfig, SamplingConfig,
+    ClusterConfig, Config, JobConfig, ModelConfig, PoolsConfig, RagConfig, RunConfig, SamplingConfig,
     TransportConfig, register,
 )
 
@@ -92,5 +92,5 @@ def from_yaml(path: str | Path) -> Config:
 
 __all__ = [
     "ClusterConfig", "Config", "ConfigError", "JobConfig", "ModelConfig", "PoolsConfig",
-    "RunConfig", "SamplingConfig", "TransportConfig", "compose", "from_yaml", "to_yaml",
+    "RagConfig", "RunConfig", "SamplingConfig", "TransportConfig", "compose", "from_yaml", "to_yaml",
 ]

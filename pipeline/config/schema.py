@@ -40,6 +40,38 @@ class SamplingConfig:
 
 
 @dataclass
+class RagConfig:
+    """Retrieval for a RAG job (``+job=rag``): each row's text is a question; its ``top_k`` best
+    passages from ``corpus`` (Parquet with ``id``, ``text`` and optionally ``title`` columns;
+    chunked into passages of ``chunk_size`` words overlapping by ``overlap`` words) are embedded
+    with ``embedding_model`` and put into ``template`` (``{passages}``, ``{question}``), which
+    becomes the prompt's text. ``index_dir``: where corpus indexes are kept (default
+    ``~/.cache/pd-pipeline/rag``; a shared file system on a cluster). ``retrieve_batch``: questions
+    retrieved at a time (prefill starts on the first batch while later ones are retrieved).
+    ``prefix_routing``: rows whose prompts share their passages (a long common prefix) are
+    prefilled one after another and handed to the same decode worker, so vLLM's prefix cache
+    hits on both sides."""
+
+    corpus: str = MISSING
+    embedding_model: str = "all-MiniLM-L6-v2"
+    chunk_size: int = 128  # words
+    overlap: int = 32  # words
+    top_k: int = 3
+    template: Optional[str] = None  # null: pipeline.rag.retrieve.DEFAULT_TEMPLATE
+    index_dir: Optional[str] = None
+    retrieve_batch: int = 8
+    prefix_routing: bool = True
+
+    def __post_init__(self) -> None:
+        _check(self.top_k >= 1, "job.rag.top_k", f"must be >= 1, got {self.top_k}")
+        _check(self.chunk_size >= 1 and 0 <= self.overlap < self.chunk_size, "job.rag.overlap",
+               f"needs chunk_size >= 1 and 0 <= overlap < chunk_size, got {self.chunk_size}/{self.overlap}")
+        _check(self.retrieve_batch >= 1, "job.rag.retrieve_batch", f"must be >= 1, got {self.retrieve_batch}")
+        for slot in ("{question}", "{passages}"):
+            _check(self.template is None or slot in self.template, "job.rag.template", f"must contain {slot}")
+
+
+@dataclass
 class JobConfig:
     """What to generate: input shards, prompt, sampling and output location.
 
@@ -60,6 +92,7 @@ class JobConfig:
     batch_rows: int = 16  # rows a shard owner keeps in flight
     checkpoint_rows: int = 4  # finished rows saved together so a restarted owner resumes mid-shard
     too_long: str = "error"  # a prompt longer than the context: "error" row, or "truncate" the text
+    rag: Optional[RagConfig] = None  # set: rows are questions answered from retrieved passages
 
     def __post_init__(self) -> None:
         _check("{text}" in self.prompt_template, "job.prompt_template", "must contain {text}")
@@ -193,6 +226,7 @@ class RunConfig:
     root: str = "outputs"
     dir: Optional[str] = None
     progress: bool = True
+    report: bool = True  # write RUN_DIR/report (report.json and PNG plots) when a waited-for run ends
     wait: Optional[bool] = None  # wait for the end; null: yes locally, no on Slurm
 
 

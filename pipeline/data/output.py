@@ -20,6 +20,9 @@ Columns (documented in the README):
   kv_bytes           kv_tokens x KV bytes per token of the model
   prefill_worker     worker id ("prefill-0@host", "colocated-0@host")
   decode_worker      worker id ("decode-0@host"); null when colocated
+  passage_ids        RAG jobs only: list<string>, the retrieved passages ("<doc id>#<chunk>"),
+                     best first, numbered [1], [2], ... in the prompt
+  passage_scores     RAG jobs only: list<float32>, their cosine similarity to the question
 """
 
 from __future__ import annotations
@@ -54,6 +57,8 @@ class RowResult:
     kv_bytes: int = 0
     prefill_worker: str | None = None
     decode_worker: str | None = None
+    passage_ids: list[str] | None = None
+    passage_scores: list[float] | None = None
     # Not an output column: this row's request metrics (pipeline.metrics.REQUEST_SCHEMA columns
     # known to the worker that served it), written to the run directory by the shard's owner.
     metrics: dict | None = None
@@ -76,7 +81,10 @@ RESULT_SCHEMA = pa.schema([
     ("kv_bytes", pa.int64()),
     ("prefill_worker", pa.string()),
     ("decode_worker", pa.string()),
+    ("passage_ids", pa.list_(pa.string())),
+    ("passage_scores", pa.list_(pa.float32())),
 ])
+RAG_COLUMNS = ("passage_ids", "passage_scores")
 assert [f.name for f in fields(RowResult) if f.name != "metrics"] == RESULT_SCHEMA.names
 
 
@@ -88,8 +96,9 @@ def row_ids(table: pa.Table, id_column: str, shard_name: str) -> pa.Array:
 
 
 def build_output(table: pa.Table, ids: pa.Array, id_column: str, text_column: str,
-                 results: list[RowResult]) -> pa.Table:
-    """Assemble the output shard: ``id_column``, passthrough columns, then the result columns.
+                 results: list[RowResult], rag: bool = False) -> pa.Table:
+    """Assemble the output shard: ``id_column``, passthrough columns, then the result columns
+    (the RAG columns only when ``rag``).
 
     Raises:
         ValueError: ``results`` does not hold exactly one entry per input row, or an input
@@ -105,6 +114,8 @@ def build_output(table: pa.Table, ids: pa.Array, id_column: str, text_column: st
             raise ValueError(f"input column {name!r} clashes with an output column; rename it")
         columns[name] = table.column(name)
     for field in RESULT_SCHEMA:
+        if field.name in RAG_COLUMNS and not rag:
+            continue
         columns[field.name] = pa.array([getattr(r, field.name) for r in results], field.type)
     return pa.table(columns)
 

@@ -17,7 +17,9 @@ class Prompt:
     """One row ready for prefill (``token_ids`` set) or already failed (``error`` set).
 
     ``row`` is the row index in its shard; ``key`` is unique within the run; ``truncated`` says
-    the text was cut to fit the context (``job.too_long=truncate``).
+    the text was cut to fit the context (``job.too_long=truncate``). RAG rows also carry their
+    retrieved ``passage_ids`` / ``passage_scores`` (cosine similarity) and a ``prefix_key`` that
+    is equal for rows whose prompts share their passages.
     """
 
     row: int
@@ -25,6 +27,9 @@ class Prompt:
     token_ids: list[int] | None = None
     error: str | None = None
     truncated: bool = False
+    prefix_key: str | None = None  # rows with the same key share a long prompt prefix (RAG passages)
+    passage_ids: list[str] | None = None  # RAG: the retrieved passages, best first
+    passage_scores: list[float] | None = None
 
 
 class Renderer:
@@ -64,7 +69,7 @@ class Renderer:
         return self.before + body + self.after, cut
 
 
-def _as_text(value: Any, column: str) -> tuple[str | None, str | None]:
+def as_text(value: Any, column: str) -> tuple[str | None, str | None]:
     """(text, error): strings pass; bytes must be UTF-8; anything else is an error."""
     if value is None:
         return None, f"{column} is null"
@@ -102,7 +107,7 @@ def make_prompts(texts: list[Any], keys: list[str], job: JobConfig, tokenizer: A
                 p.error = f"duplicate id {rid!r} (first at row {first_seen[rid]})"
                 continue
             first_seen[rid] = row
-        text, p.error = _as_text(value, job.text_column)
+        text, p.error = as_text(value, job.text_column)
         if p.error:
             continue
         token_ids, p.truncated = render(text, budget if job.too_long == "truncate" else None)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import Any, Awaitable, Callable
+from typing import Any, AsyncIterator, Awaitable, Callable
 
 from pipeline.config import Config
 from pipeline.data.output import RowCheckpoint, RowResult, build_output, row_ids
@@ -76,6 +76,7 @@ async def _own_shard(run: RunDir, cfg: Config, shard: Shard, worker: str, tokeni
     table = await asyncio.to_thread(read_shard, shard)
     ids = row_ids(table, job.id_column, shard.name)
     keys = [f"{shard.index}:{i}" for i in range(table.num_rows)]
+    texts: list = []
     if job.text_column in table.column_names:
         texts = table.column(job.text_column).to_pylist()
         prompts = make_prompts(texts, keys, job, tokenizer, cfg.model.max_model_len,
@@ -106,6 +107,7 @@ async def _own_shard(run: RunDir, cfg: Config, shard: Shard, worker: str, tokeni
                 result.queue_s = t0 - t_read
                 result.prompt_tokens = len(p.token_ids)
                 result.prompt_truncated = p.truncated
+                result.passage_ids, result.passage_scores = p.passage_ids, p.passage_scores
                 metrics.append({
                     **(result.metrics or {"prefill_start": t0, "tries": 1}),
                     "key": p.key, "shard": shard.name, "row": p.row, "read_at": t_read,
@@ -115,15 +117,27 @@ async def _own_shard(run: RunDir, cfg: Config, shard: Shard, worker: str, tokeni
                 })
         progress.add(rows=1, output_tokens=result.output_tokens)
         if len(metrics) >= job.checkpoint_rows:
-            await asyncio.to_thread(write_request_metrics, run.path, shard.name, metrics.copy())
-            metrics.clear()
+            # Take the batch before awaiting: other rows append meanwhile.
+            batch = metrics[:]
+            del metrics[:]
+            await asyncio.to_thread(write_request_metrics, run.path, shard.name, batch)
         await checkpoint.add(p.row, result)
         return result
 
     progress.add(rows=len(resumed), output_tokens=sum(r.output_tokens for r in resumed.values()))
-    results = await asyncio.gather(*(one(p) for p in prompts))
+    # Rows start as their prompts become ready: all at once, or (RAG) batch by batch as their
+    # passages are retrieved, so prefill overlaps retrieval.
+    tasks: dict[int, asyncio.Task] = {}
+    try:
+        async for batch in _prompt_batches(prompts, texts, resumed, cfg, tokenizer):
+            for p in batch:
+                tasks[p.row] = asyncio.create_task(one(p))
+        results = await asyncio.gather(*(tasks[p.row] for p in prompts))
+    finally:
+        for t in tasks.values():
+            t.cancel()
     await asyncio.to_thread(write_request_metrics, run.path, shard.name, metrics.copy())
-    table_out = build_output(table, ids, job.id_column, job.text_column, results)
+    table_out = build_output(table, ids, job.id_column, job.text_column, results, rag=job.rag is not None)
     await asyncio.to_thread(write_atomic, table_out, output_url(run.output_dir(), shard))
     checkpoint.clear()
     return {
@@ -138,6 +152,21 @@ async def _own_shard(run: RunDir, cfg: Config, shard: Shard, worker: str, tokeni
         "started_at": t_read,
         "finished_at": time.time(),
     }
+
+
+async def _prompt_batches(prompts: list[Prompt], texts: list, resumed: dict, cfg: Config,
+                         tokenizer: Any) -> AsyncIterator[list[Prompt]]:
+    """Every prompt once, in batches ready to serve (rows already resumed are served from their
+    checkpoint and need no retrieval)."""
+    todo = [p for p in prompts if p.row not in resumed]
+    yield [p for p in prompts if p.row in resumed]
+    if cfg.job.rag is None or not todo:
+        yield todo
+        return
+    from pipeline.rag.job import rag_prompt_batches
+
+    async for batch in rag_prompt_batches(todo, texts, cfg, tokenizer):
+        yield batch
 
 
 def shards_for_task(shards: list[Shard], task: int, n_tasks: int) -> list[Shard]:

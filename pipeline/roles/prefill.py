@@ -5,6 +5,7 @@ loaded decode worker, waits for the generation, and writes the output shard."""
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
 import time
 
@@ -123,7 +124,7 @@ class DecodeClients:
             if fut is not None and not fut.done():
                 fut.set_result(msg)
 
-    async def _pick(self, wait_s: float) -> int:
+    async def _pick(self, wait_s: float, route: str | None = None) -> int:
         deadline = time.monotonic() + wait_s
         while not self.live:
             self.changed.clear()
@@ -134,18 +135,24 @@ class DecodeClients:
                 await asyncio.wait_for(self.changed.wait(), left)
             except asyncio.TimeoutError:
                 pass
+        if route is not None:
+            # Prefix-aware: the same prefix always meets the same live worker (rendezvous
+            # hashing: when a worker dies, only its prefixes move), whose prefix cache then
+            # already holds the shared blocks and takes less KV over NIXL.
+            return max(self.live, key=lambda r: hashlib.blake2b(f"{r}/{route}".encode(), digest_size=8).digest())
         return min(self.live, key=lambda r: len(self.inflight.get(r, {})))
 
-    async def handoff(self, h: Handoff, wait_s: float) -> Result:
+    async def handoff(self, h: Handoff, wait_s: float, route: str | None = None) -> Result:
         """Send ``h`` to a live decode worker (waiting up to ``wait_s`` seconds for one); return
-        its result.
+        its result. ``route`` (a prompt-prefix key) picks the worker by hashing; without it the
+        worker with the fewest hand-offs in flight is chosen.
 
         Raises:
             DecodeLost: that worker died or restarted before answering.
             DecodeUnavailable: no decode worker was alive for ``wait_s`` seconds.
             TimeoutError: no result within ``transport.handoff_timeout_s`` seconds.
         """
-        rank = await self._pick(wait_s)
+        rank = await self._pick(wait_s, route)
         fut = asyncio.get_running_loop().create_future()
         self.inflight.setdefault(rank, {})[h.key] = fut
         try:
@@ -205,7 +212,8 @@ async def _prefill(run: RunDir, task: int, n_tasks: int, cpus: str | None) -> st
                         prompt_token_ids=p.token_ids, max_tokens=cfg.job.sampling.max_new_tokens,
                         temperature=cfg.job.sampling.temperature, top_p=cfg.job.sampling.top_p,
                         seed=cfg.job.sampling.seed, kv_transfer_params=pre.kv_transfer_params,
-                        prefill_done_at=t_prefilled), wait_s=cfg.transport.connect_timeout_s)
+                        prefill_done_at=t_prefilled), wait_s=cfg.transport.connect_timeout_s,
+                        route=p.prefix_key if n == 0 else None)
                 except (DecodeLost, TimeoutError) as exc:
                     # The KV this prefill produced is gone with that decode worker (or never
                     # arrived): prefill again and hand off to a live one.
