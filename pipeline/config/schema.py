@@ -48,9 +48,9 @@ class RagConfig:
     becomes the prompt's text. ``index_dir``: where corpus indexes are kept (default
     ``~/.cache/pd-pipeline/rag``; a shared file system on a cluster). ``retrieve_batch``: questions
     retrieved at a time (prefill starts on the first batch while later ones are retrieved).
-    ``prefix_routing``: rows whose prompts share their passages (a long common prefix) are
-    prefilled one after another and handed to the same decode worker, so vLLM's prefix cache
-    hits on both sides."""
+    ``prefix_routing``: rows whose prompts share their best passage (with the instructions, a long
+    common prefix) are prefilled one after another and handed to the same decode worker, so
+    vLLM's prefix cache hits on both sides."""
 
     corpus: str = MISSING
     embedding_model: str = "all-MiniLM-L6-v2"

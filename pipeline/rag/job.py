@@ -56,7 +56,9 @@ async def rag_prompt_batches(questions: list[Prompt], texts: list[Any], cfg: Con
             q.token_ids, q.error, q.truncated = r.token_ids, r.error, r.truncated
             q.passage_ids = [h.passage_id for h in row]
             q.passage_scores = [h.score for h in row]
-            q.prefix_key = "|".join(q.passage_ids) if rag.prefix_routing else None
+            # The prompt's long shared part is the instructions and passage [1]: rows with the
+            # same best passage share it, whatever follows.
+            q.prefix_key = q.passage_ids[0] if rag.prefix_routing else None
         if rag.prefix_routing:
-            batch.sort(key=lambda q: q.prefix_key or "")
+            batch.sort(key=lambda q: q.passage_ids or [])
         yield batch
