@@ -4,6 +4,7 @@ orderly shutdown of decode workers once every shard owner has ended."""
 from __future__ import annotations
 
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -106,15 +107,38 @@ def _failure(job, queue: _QueueCheck) -> str | None:
     return f"job {job.job_id}: {cause} (log: {job.paths.stderr})"
 
 
-def _cancel(job) -> None:
-    """Cancel ``job``. submitit cancels a local job with SIGINT, whose controller process then
-    prints a KeyboardInterrupt traceback on the user's terminal; SIGTERM ends it as cleanly
-    (the controller forwards it to the task)."""
+def _cancel(job, grace_s: float = 10.0) -> None:
+    """Cancel ``job``.
+
+    A local job is a submitit controller process running the task process. submitit cancels it
+    with SIGINT to the controller, which then prints a KeyboardInterrupt traceback on the user's
+    terminal; SIGTERM does not work (submitit's task ignores it). So the task gets the SIGINT
+    itself (a KeyboardInterrupt inside the worker: its engine shuts down), the controller then
+    ends cleanly; whatever still lives after ``grace_s`` seconds is killed.
+    """
     process = getattr(job, "_process", None)
-    if type(job).__name__ == "LocalJob" and process is not None:
-        process.terminate()
-    else:
+    if type(job).__name__ != "LocalJob" or process is None:
         job.cancel(check=False)
+        return
+    import psutil
+
+    try:
+        controller = psutil.Process(process.pid)
+        tasks = controller.children()
+        everything = [*controller.children(recursive=True), controller]
+    except psutil.Error:
+        return
+    for t in tasks:
+        try:
+            t.send_signal(signal.SIGINT)
+        except psutil.Error:
+            pass
+    _, alive = psutil.wait_procs(everything, timeout=grace_s)
+    for p in alive:
+        try:
+            p.kill()
+        except psutil.Error:
+            pass
 
 
 def watch(run: RunDir, jobs: Jobs, total_rows: int, progress: bool = True,
