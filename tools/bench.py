@@ -14,7 +14,9 @@ itself in a temporary directory from CPython standard-library docstrings, PSF Li
    seed, and the same process environment (``pipeline.roles.engine.engine_env``: the KV cache
    size ``VLLM_CPU_KVCACHE_SPACE``, ``VLLM_CPU_OMP_THREADS_BIND`` = the colocated worker's cores,
    ``VLLM_CPU_NUM_OF_RESERVED_CPU=0``), and its engine's threads pinned the same way
-   (``pin_descendants``). All prompts go to one ``generate()`` call.
+   (``pin_descendants``), and the scheduler limits the pipeline's ``AsyncLLM`` resolves
+   (``max_num_batched_tokens``, ``max_num_seqs``: vLLM gives ``LLM`` larger defaults on CPU).
+   All prompts go to one ``generate()`` call.
 2. **Disaggregated vs colocated on the same cores** (``coloc2``, ``disagg``), on a uniform short
    workload and on a mixed one (``--long-frac`` of the rows ~``--long-tokens`` tokens, the rest
    short): ``pools=colocated pools.prefill=2`` (two colocated workers, one core each, each owning
@@ -487,6 +489,7 @@ def handoff_parts(cols: dict[str, list]) -> dict[str, Any] | None:
         out[f"{k}_p50_s"] = _pct(vals, 50)
         out[f"{k}_p99_s"] = _pct(vals, 99)
         out[f"{k}_max_s"] = max(vals)
+        out[f"{k}_first_s"] = rows[0][idx]
         out[f"{k}_first_extra_s"] = rows[0][idx] - statistics.median(vals)
     return out
 
@@ -729,11 +732,19 @@ def _raw_main(spec_path: str, out_path: str) -> None:
                 ids.append(str(i))
     from vllm import LLM, SamplingParams
 
+    from vllm.engine.arg_utils import AsyncEngineArgs
+    from vllm.usage.usage_lib import UsageContext
+
     kw = {"block_size": cfg.model.block_size} if cfg.model.block_size else {}
+    common = dict(model=model_path(cfg), dtype=cfg.model.dtype, max_model_len=cfg.model.max_model_len,
+                  tensor_parallel_size=cfg.model.prefill_tp, gpu_memory_utilization=cfg.model.gpu_memory_utilization,
+                  enforce_eager=cfg.model.enforce_eager, seed=0, disable_log_stats=True, **kw)
+    # vLLM picks scheduler limits by usage context: the pipeline's AsyncLLM (ENGINE_CONTEXT) gets
+    # max_num_batched_tokens 2048 / max_num_seqs 128 on CPU, LLM (LLM_CLASS) 4096 / 256. Give the
+    # raw engine the pipeline's, as the pipeline's engine arguments resolve them.
+    sched = AsyncEngineArgs(**common).create_engine_config(UsageContext.ENGINE_CONTEXT).scheduler_config
     ts = time.time()
-    llm = LLM(model=model_path(cfg), dtype=cfg.model.dtype, max_model_len=cfg.model.max_model_len,
-              tensor_parallel_size=cfg.model.prefill_tp, gpu_memory_utilization=cfg.model.gpu_memory_utilization,
-              enforce_eager=cfg.model.enforce_eager, seed=0, disable_log_stats=True, **kw)
+    llm = LLM(max_num_batched_tokens=sched.max_num_batched_tokens, max_num_seqs=sched.max_num_seqs, **common)
     pin_descendants(parse_cpus(spec["cpus"]))
     s = cfg.job.sampling
     params = SamplingParams(max_tokens=s.max_new_tokens, temperature=s.temperature, top_p=s.top_p, seed=s.seed)
@@ -745,6 +756,7 @@ def _raw_main(spec_path: str, out_path: str) -> None:
         "t0": t0, "t1": t1, "startup_s": t0 - ts, "wall_s": t1 - t0, "output_tokens": n,
         "prompt_tokens": sum(len(p) for p in prompts), "requests": len(prompts),
         "output_tokens_per_s": n / (t1 - t0), "cpus": spec["cpus"],
+        "max_num_batched_tokens": sched.max_num_batched_tokens, "max_num_seqs": sched.max_num_seqs,
         "tokens_by_row": {i: [len(p), list(o.outputs[0].token_ids)] for i, p, o in zip(ids, prompts, outs)},
     }))
     try:
@@ -873,7 +885,8 @@ def table_disagg_vs_coloc(res: dict[str, list[dict]], wl: str) -> tuple[str, dic
 
 def table_handoff(res: dict[str, list[dict]]) -> str:
     lines = ["| workload | requests | message p50 / p99 / max (ms) | KV transfer + scheduling p50 / p99 / max (ms) | "
-             "total p50 / p99 (ms) | first request's extra: message / transfer (ms) |", "|---|---|---|---|---|---|"]
+             "total p50 / p99 (ms) | first request to arrive: transfer (ms); its extra over the median (ms) |",
+             "|---|---|---|---|---|---|"]
     for wl in ("uniform", "mixed"):
         runs = [r for r in res.get(f"disagg-{wl}", []) if r.get("handoff")]
         if not runs:
@@ -885,7 +898,7 @@ def table_handoff(res: dict[str, list[dict]]) -> str:
             f"| {wl} | {m('requests'):.0f} | {_fmt(m('message_p50_s'), 'ms')} / {_fmt(m('message_p99_s'), 'ms')} / "
             f"{_fmt(m('message_max_s'), 'ms')} | {_fmt(m('transfer_p50_s'), 'ms')} / {_fmt(m('transfer_p99_s'), 'ms')} / "
             f"{_fmt(m('transfer_max_s'), 'ms')} | {_fmt(m('total_p50_s'), 'ms')} / {_fmt(m('total_p99_s'), 'ms')} | "
-            f"{_fmt(m('message_first_extra_s'), 'ms')} / {_fmt(m('transfer_first_extra_s'), 'ms')} |")
+            f"{_fmt(m('transfer_first_s'), 'ms')}; {_fmt(m('transfer_first_extra_s'), 'ms')} |")
     return "\n".join(lines)
 
 
@@ -978,7 +991,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--long-frac", type=float, default=0.25, help="fraction of long rows in 'mixed' (default 0.25)")
     ap.add_argument("--long-tokens", type=int, default=2500, help="mean text tokens of a long row (default 2500)")
     ap.add_argument("--dtype", default="bfloat16", help="model.dtype (default bfloat16)")
-    ap.add_argument("--only", default="raw,coloc,disagg", help="parts: raw, coloc, disagg (default all)")
+    ap.add_argument("--only", default="raw,coloc,disagg",
+                    help="parts: raw, coloc (= coloc1 + coloc2), coloc1, coloc2, disagg (default all)")
     ap.add_argument("--workloads", default="uniform,mixed", help="for coloc2/disagg (default uniform,mixed)")
     ap.add_argument("--stall-ms", type=float, default=60.0, help="stall threshold (default 60)")
     ap.add_argument("--sample-s", type=float, default=1.0, help="CPU sampling interval (default 1 s)")
@@ -997,7 +1011,7 @@ def main(argv: list[str] | None = None) -> int:
         _raw_main(*args._raw)
         return 0
     parts = {p.strip() for p in args.only.split(",") if p.strip()}
-    bad = parts - {"raw", "coloc", "disagg"}
+    bad = parts - {"raw", "coloc", "coloc1", "coloc2", "disagg"}
     if bad:
         ap.error(f"--only: unknown part(s) {sorted(bad)}")
     wls = {w.strip() for w in args.workloads.split(",") if w.strip()}
@@ -1016,7 +1030,7 @@ def main(argv: list[str] | None = None) -> int:
     wl = build_workloads(work, args.rows, args.shards, args.long_frac, args.long_tokens,
                          cfg.model.max_model_len, args.max_new_tokens, load_tokenizer(cfg))
     names = [n for n, (part, w, _) in CONFIGS.items()
-             if part in parts and (n in ("raw", "coloc1") or w in wls)]
+             if (part in parts or n.split("-")[0] in parts) and (n in ("raw", "coloc1") or w in wls)]
     print(f"work dir: {work}", file=sys.stderr)
     results: dict[str, list[dict]] = {n: [] for n in names}
     failures: list[dict] = []
