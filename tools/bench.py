@@ -108,6 +108,9 @@ CONFIGS = {
     "disagg-uniform": ("disagg", "uniform", "disaggregated 1P (core 0) + 1D (core 1)"),
     "coloc2-mixed": ("coloc", "mixed", "colocated 2 workers x 1 core"),
     "disagg-mixed": ("disagg", "mixed", "disaggregated 1P (core 0) + 1D (core 1)"),
+    # before pipeline.kv.connector: NIXL's progress thread busy-polls (transport.nixl_progress_delay_us=0)
+    "disaggspin-uniform": ("disaggspin", "uniform", "disaggregated, NIXL progress thread spinning"),
+    "disaggspin-mixed": ("disaggspin", "mixed", "disaggregated, NIXL progress thread spinning"),
 }
 
 SHORT_MIN_CHARS, SHORT_MAX_CHARS = 600, 1200
@@ -619,8 +622,9 @@ def pipeline_overrides(name: str, args: argparse.Namespace, wl: dict) -> tuple[l
             {c[0]: "colocated-0", c[1]: "colocated-1"}
     if name.startswith("disagg"):
         c = cpu_slices(2, "partition")
+        spin = ["transport.nixl_progress_delay_us=0"] if name.startswith("disaggspin") else []
         return base + ["pools=disaggregated", "pools.prefill=1", "pools.decode=1",
-                       f"job.batch_rows={args.inflight}"], {c[0]: "prefill-0", c[1]: "decode-0"}
+                       f"job.batch_rows={args.inflight}"] + spin, {c[0]: "prefill-0", c[1]: "decode-0"}
     raise ValueError(name)
 
 
@@ -846,9 +850,11 @@ PART2_ROWS = [
 ]
 
 
-def table_disagg_vs_coloc(res: dict[str, list[dict]], wl: str) -> tuple[str, dict]:
-    col, dis = res.get(f"coloc2-{wl}", []), res.get(f"disagg-{wl}", [])
-    lines = ["| metric | colocated 2x1 core | disaggregated 1P+1D | disagg / coloc |", "|---|---|---|---|"]
+def table_disagg_vs_coloc(res: dict[str, list[dict]], wl: str, base: str = "coloc2",
+                          base_label: str = "colocated 2x1 core") -> tuple[str, dict]:
+    """``base`` (default colocated) vs disaggregated on workload ``wl``."""
+    col, dis = res.get(f"{base}-{wl}", []), res.get(f"disagg-{wl}", [])
+    lines = [f"| metric | {base_label} | disaggregated 1P+1D | disagg / {base} |", "|---|---|---|---|"]
     for label, key, unit in PART2_ROWS:
         a, b = med(col, key), med(dis, key)
         lines.append(f"| {label} | {_fmt(a, unit)} | {_fmt(b, unit)} | {_fmt(_ratio(a, b), 'x')} |")
@@ -992,7 +998,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--long-tokens", type=int, default=2500, help="mean text tokens of a long row (default 2500)")
     ap.add_argument("--dtype", default="bfloat16", help="model.dtype (default bfloat16)")
     ap.add_argument("--only", default="raw,coloc,disagg",
-                    help="parts: raw, coloc (= coloc1 + coloc2), coloc1, coloc2, disagg (default all)")
+                    help="parts: raw, coloc (= coloc1 + coloc2), coloc1, coloc2, disagg, disaggspin "
+                         "(disaggregated with NIXL's busy-polling progress thread, as before; not in the default)")
     ap.add_argument("--workloads", default="uniform,mixed", help="for coloc2/disagg (default uniform,mixed)")
     ap.add_argument("--stall-ms", type=float, default=60.0, help="stall threshold (default 60)")
     ap.add_argument("--sample-s", type=float, default=1.0, help="CPU sampling interval (default 1 s)")
@@ -1011,7 +1018,7 @@ def main(argv: list[str] | None = None) -> int:
         _raw_main(*args._raw)
         return 0
     parts = {p.strip() for p in args.only.split(",") if p.strip()}
-    bad = parts - {"raw", "coloc", "coloc1", "coloc2", "disagg"}
+    bad = parts - {"raw", "coloc", "coloc1", "coloc2", "disagg", "disaggspin"}
     if bad:
         ap.error(f"--only: unknown part(s) {sorted(bad)}")
     wls = {w.strip() for w in args.workloads.split(",") if w.strip()}
@@ -1080,6 +1087,11 @@ def main(argv: list[str] | None = None) -> int:
             text, facts[w] = table_disagg_vs_coloc(results, w)
             out += [f"## 2{'a' if w == 'uniform' else 'b'}. Disaggregated vs colocated, same 2 cores: {w} workload",
                     "", text, ""]
+    for w in ("uniform", "mixed"):
+        if f"disaggspin-{w}" in results and f"disagg-{w}" in results:
+            text, _ = table_disagg_vs_coloc(results, w, "disaggspin", "disaggregated, NIXL progress thread spinning (before)")
+            out += [f"## 2{'c' if w == 'uniform' else 'd'}. NIXL progress thread: spinning (before) vs "
+                    f"sleeping in poll() (pipeline.kv.connector): {w} workload", "", text, ""]
     if any(k.startswith("disagg") for k in results):
         out += ["## 3. Hand-off overhead per request (disaggregated)", "", table_handoff(results), ""]
     out += ["## 4. CPU use during the measured window", "", table_cpu(results), "",

@@ -59,7 +59,8 @@ Run from the repository root (about 1-2 minutes on 2 idle cores with the default
 A custom setting: ``--setting 'NAME:VAR=VAL;VAR=VAL'`` (repeatable, appended to ``--tls``), where
 a VAR is an environment variable (``UCX_TLS``, ``UCX_RNDV_THRESH``, ...), ``nixl.num_threads`` /
 ``nixl.prog_thread`` (agent options), another ``nixl.KEY`` (a UCX backend parameter such as
-``nixl.ucx_error_handling_mode=none``), or ``buf.thp=1`` (transparent huge pages on the KV
+``nixl.ucx_error_handling_mode=none``), ``wait.sleep_us=N`` (the initiator sleeps N us between transfer-state checks instead of
+spinning, as a worker with other work does), or ``buf.thp=1`` (transparent huge pages on the KV
 buffers, as torch's ``THP_MEM_ALLOC_ENABLE=1`` gives tensors).
 """
 
@@ -110,6 +111,7 @@ SETTINGS: dict[str, tuple[dict[str, str], str]] = {
     "cma-tcp": ({"UCX_TLS": "cma,tcp,self"}, "what default picks here, named explicitly"),
     "threads0": ({"nixl.num_threads": "0"}, "default, NIXL UCX backend without its 4 extra threads"),
     "noprog": ({"nixl.prog_thread": "0"}, "default, no NIXL progress thread (the caller progresses UCX)"),
+    "delay1ms": ({"nixl.pthr_delay_us": "1000"}, "default, progress thread waits up to 1 ms per poll (pipeline.kv.agent)"),
     "noprog-eh": ({"nixl.prog_thread": "0", "UCX_TLS": "sm,self", **_SHM_ERRH}, "sm-eh without the progress thread"),
     "thp": ({"buf.thp": "1"}, "default, KV buffers on transparent huge pages"),
     "errnone": ({"UCX_TLS": "sm,self", "nixl.ucx_error_handling_mode": "none"},
@@ -192,14 +194,18 @@ def page_buffer(nbytes: int, thp: bool = False) -> tuple[mmap.mmap, np.ndarray]:
 def make_agent(name: str, opts: dict[str, str]):
     """A NIXL agent with the UCX backend, configured like vLLM's NIXL worker (telemetry on,
     progress thread on, UCX ``num_threads`` 4). ``opts``: ``nixl.num_threads``,
-    ``nixl.prog_thread`` (0/1), other ``nixl.KEY`` -> UCX backend parameter KEY.
+    ``nixl.prog_thread`` (0/1), ``nixl.pthr_delay_us`` (progress-thread poll timeout), other ``nixl.KEY`` -> UCX backend parameter KEY.
     Returns (agent, whether a progress thread runs)."""
     from nixl._api import nixl_agent, nixl_agent_config
+
+    from pipeline.kv.agent import with_progress_delay
 
     params = {k.removeprefix("nixl."): v for k, v in opts.items() if k.startswith("nixl.")}
     prog = params.pop("prog_thread", "1").lower() not in ("0", "n", "no", "false")
     threads = int(params.pop("num_threads", VLLM_NIXL_NUM_THREADS))
-    agent = nixl_agent(name, nixl_agent_config(enable_prog_thread=prog, backends=[], capture_telemetry=True))
+    delay_us = int(params.pop("pthr_delay_us", "0"))
+    with with_progress_delay(delay_us):
+        agent = nixl_agent(name, nixl_agent_config(enable_prog_thread=prog, backends=[], capture_telemetry=True))
     # nixl_agent_config(num_threads=N) passes {"num_threads": N} to UCX when N > 0; same here.
     agent.create_backend("UCX", ({"num_threads": str(threads)} if threads > 0 else {}) | params)
     return agent, prog
@@ -241,9 +247,12 @@ def _target(conn: Connection, plan: dict) -> None:
 # initiator process: handshake, then every (op, layout, bytes) cell
 
 
-def _wait(agent, handle) -> None:
+def _wait(agent, handle, idle_s: float = 0.0) -> None:
+    """Post ``handle`` and check it until done, sleeping ``idle_s`` between checks (0: spin)."""
     state = agent.transfer(handle)
     while state == "PROC":
+        if idle_s:
+            time.sleep(idle_s)
         state = agent.check_xfer_state(handle)
     if state != "DONE":
         raise RuntimeError(f"NIXL transfer failed (state {state})")
@@ -347,7 +356,8 @@ def _initiator(conn: Connection, plan: dict) -> dict:
             t = time.perf_counter()
             xh = agent.make_prepped_xfer(op, lh, idx, rh, idx)
             req_ms = (time.perf_counter() - t) * 1e3
-            move = lambda: _wait(agent, xh)  # noqa: E731
+            idle_s = float(plan["opts"].get("wait.sleep_us", "0")) * 1e-6
+            move = lambda: _wait(agent, xh, idle_s)  # noqa: E731
         t = time.perf_counter()
         move()  # warm-up, verified below
         first_ms = (time.perf_counter() - t) * 1e3
@@ -413,11 +423,11 @@ class Setting:
 
     @property
     def opts(self) -> dict[str, str]:
-        return {k: v for k, v in self.env.items() if k.startswith(("nixl.", "buf."))}
+        return {k: v for k, v in self.env.items() if k.startswith(("nixl.", "buf.", "wait."))}
 
     @property
     def environ(self) -> dict[str, str]:
-        return {k: v for k, v in self.env.items() if not k.startswith(("nixl.", "buf."))}
+        return {k: v for k, v in self.env.items() if not k.startswith(("nixl.", "buf.", "wait."))}
 
 
 def parse_setting(spec: str) -> Setting:

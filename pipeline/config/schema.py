@@ -196,7 +196,9 @@ class TransportConfig:
     (``ib0``) when set, else ``host`` when set, else loopback (local) or the node's address
     (cluster). ``base_port`` + 10 x worker slot gives fixed ports; 0 picks free ones.
     ``ucx_tls`` / ``ucx_net_devices`` become ``UCX_TLS`` / ``UCX_NET_DEVICES`` for NIXL's UCX
-    backend (e.g. ``rc,ud,sm,self`` and ``mlx5_0:1`` on InfiniBand)."""
+    backend (e.g. ``rc,ud,sm,self`` and ``mlx5_0:1`` on InfiniBand). ``nixl_progress_delay_us``:
+    how long NIXL's progress thread waits in ``poll()`` for a UCX event (microseconds); 0 is
+    NIXL's own busy loop, which takes a core per worker (BENCHMARKS.md)."""
 
     name: str = MISSING
     connector: str = "NixlPushConnector"
@@ -205,6 +207,7 @@ class TransportConfig:
     base_port: int = 0  # 0: pick free ports at start
     ucx_tls: Optional[str] = None
     ucx_net_devices: Optional[str] = None
+    nixl_progress_delay_us: int = 1000
     connect_timeout_s: float = 600.0  # seconds a prefill worker waits for decode workers to come up
     handoff_timeout_s: float = 300.0  # seconds a hand-off may wait for its result
     handoff_retries: int = 2  # times a row is prefilled and handed off again after a lost decode
@@ -215,6 +218,7 @@ class TransportConfig:
         _check(self.connector in CONNECTORS, "transport.connector", f"must be one of {sorted(CONNECTORS)}, got {self.connector!r}")
         _check(self.kv_timeout_s > 0, "transport.kv_timeout_s", f"must be > 0, got {self.kv_timeout_s}")
         _check(self.handoff_retries >= 0, "transport.handoff_retries", f"must be >= 0, got {self.handoff_retries}")
+        _check(self.nixl_progress_delay_us >= 0, "transport.nixl_progress_delay_us", f"must be >= 0, got {self.nixl_progress_delay_us}")
         _check(0 <= self.base_port < 65000, "transport.base_port", f"must be in [0, 65000), got {self.base_port}")
 
 

@@ -63,6 +63,9 @@ def build_engine(cfg: Config, role: Role, *, cpus: str | None,
     if role != "colocated":
         kwargs["kv_transfer_config"] = KVTransferConfig(
             kv_connector=cfg.transport.connector,
+            # vLLM's connector of that name with a progress thread that sleeps in poll() (pipeline.kv.connector)
+            kv_connector_module_path="pipeline.kv.connector",
+            kv_connector_extra_config={"progress_delay_us": cfg.transport.nixl_progress_delay_us},
             kv_role="kv_producer" if role == "prefill" else "kv_consumer",
             kv_buffer_device="cpu" if _on_cpu() else "cuda",
         )
