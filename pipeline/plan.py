@@ -38,6 +38,15 @@ The model (all quantities per request unless said otherwise; one *worker* is ``t
   weights`` (or the fixed CPU KV space). The split is the smallest x and y (so the smallest
   x + y: the two pools load independently) with both at most the target (0.75).
 
+The decode host-DRAM KV tier (issue #7; ``--dram-tier``, :func:`dram_tier`): prefill pushes a
+finished request's KV into host DRAM on its decode worker, the decode worker loads it into its KV
+cache (HBM) when it admits the request and swaps sequences out to DRAM and back instead of
+recomputing. A decode worker has ``c`` slots: sequences its KV cache holds at full length
+``p + o``; a request stays in a slot ``W = load + o x ITL``. Requests in DRAM per worker, by
+Little's law ``L = lambda W``: ``lambda_d x (T + Wq + load)`` (pushing, waiting for a slot,
+loading; ``Wq`` the Erlang C wait of an M/M/c queue) plus the sequences swapped out; DRAM =
+``ceil(headroom x that)`` requests x ``k x (p + o)`` bytes. See :func:`dram_tier`.
+
 A batch job (a request count, no rate) has no arrival process: every request is there at the
 start and the pools run as fast as they can. ``--workers G`` (default 2, the pipeline's 1P:1D)
 are split into the xP:yD with the shortest makespan and compared with G colocated workers (see
@@ -60,6 +69,7 @@ from pipeline.kv.layout import DTYPE_BYTES, kv_bytes_per_token
 
 GB = 1e9
 GIB = 1024 ** 3
+TIB = 1024 ** 4
 
 
 # --------------------------------------------------------------------------------------------
@@ -77,6 +87,11 @@ class Hardware:
     is a fixed KV cache per worker (vLLM CPU: ``VLLM_CPU_KVCACHE_SPACE``) instead of memory left
     after the weights. ``max_batch`` is vLLM's ``max_num_seqs`` (128: the scheduler default for
     the ``AsyncLLM`` engines the pipeline starts, vLLM 0.32).
+
+    The decode host-DRAM tier (:func:`dram_tier`) also uses: ``h2d_bw``, bytes/s from host DRAM
+    into one device's memory (each of a worker's ``tp`` devices loads its share of the KV heads
+    over its own link); ``node_devices``, devices per node; ``node_dram_bytes``, host DRAM of one
+    node in bytes (``None``: this machine's, from ``/proc/meminfo``).
     """
 
     name: str
@@ -89,20 +104,32 @@ class Hardware:
     mem_fraction: float = 0.9
     kv_cache_bytes: float | None = None
     max_batch: int = 128
+    h2d_bw: float = 55 * GB
+    node_devices: int = 8
+    node_dram_bytes: float | None = None
 
 
 HARDWARE: dict[str, Hardware] = {
     # NVIDIA H100 SXM datasheet: 989 TFLOP/s bf16 dense, 3.35 TB/s HBM3, 80 GB; one 400 Gb/s
-    # InfiniBand NIC per GPU = 50 GB/s.
-    "h100": Hardware("h100", peak_flops=989e12, mem_bw=3.35e12, memory_bytes=80 * GB, link_bw=50 * GB),
-    # NVIDIA H200: same compute, 4.8 TB/s HBM3e, 141 GB.
-    "h200": Hardware("h200", peak_flops=989e12, mem_bw=4.8e12, memory_bytes=141 * GB, link_bw=50 * GB),
+    # InfiniBand NIC per GPU = 50 GB/s. Host side (assumptions, for the DRAM tier): 8 GPUs and
+    # 2 TiB of DRAM per node (DGX H100 / H200: "2 TB" of system memory, 32 x 64 GiB DIMMs);
+    # host-to-device 55 GB/s per GPU, the effective rate of PCIe Gen5 x16 (64 GB/s raw per
+    # direction: 32 GT/s x 16 lanes x 128/130).
+    "h100": Hardware("h100", peak_flops=989e12, mem_bw=3.35e12, memory_bytes=80 * GB, link_bw=50 * GB,
+                     h2d_bw=55 * GB, node_devices=8, node_dram_bytes=2 * TIB),
+    # NVIDIA H200: same compute, 4.8 TB/s HBM3e, 141 GB; the same PCIe Gen5 x16 host link and node.
+    "h200": Hardware("h200", peak_flops=989e12, mem_bw=4.8e12, memory_bytes=141 * GB, link_bw=50 * GB,
+                     h2d_bw=55 * GB, node_devices=8, node_dram_bytes=2 * TIB),
     # One worker's share of the 2-core test machine (the local launcher gives each worker one
     # core). Order of magnitude only, near what `calibrate` fitted on a 1P:1D SmolLM2 run here
     # (prefill ~8e10 FLOP/s; decode ~2.6e9 bytes/s effective, per-step overheads included;
     # hand-offs ~6e7 bytes/s effective). KV space: model.kv_cache_gib (1 GiB by default).
+    # DRAM tier: the "KV cache" is DRAM too, so a load is a memcpy (9-11 GB/s single-threaded for
+    # 256 MiB here, BENCHMARKS.md); a node is this 2-core machine (two workers), its DRAM read
+    # from /proc/meminfo.
     "cpu": Hardware("cpu", peak_flops=1.6e11, mem_bw=1e10, memory_bytes=8 * GIB, link_bw=1e8,
-                    mfu=0.5, mbu=0.25, mem_fraction=1.0, kv_cache_bytes=1 * GIB),
+                    mfu=0.5, mbu=0.25, mem_fraction=1.0, kv_cache_bytes=1 * GIB,
+                    h2d_bw=1e10, node_devices=2, node_dram_bytes=None),
 }
 
 
@@ -397,6 +424,79 @@ def kv_transfer_time(nbytes: float, hw: Hardware, tp: int = 1) -> float:
     """Seconds to move ``nbytes`` of KV from a prefill to a decode worker: ``nbytes / (tp x
     link_bw)`` (each of the ``tp`` devices sends its shard of the heads over its own link)."""
     return nbytes / (tp * hw.link_bw)
+
+
+def host_load_time(nbytes: float, hw: Hardware, tp: int = 1) -> float:
+    """Seconds to load ``nbytes`` of KV from host DRAM into a decode worker's KV cache:
+    ``nbytes / (tp x h2d_bw)`` (each of the ``tp`` devices loads its share of the KV heads over
+    its own host link; the same rule as :func:`kv_transfer_time`)."""
+    return nbytes / (tp * hw.h2d_bw)
+
+
+def erlang_c(servers: int, offered: float) -> float:
+    """Probability that an arrival waits in an M/M/c queue (Erlang C) with ``servers`` = c servers
+    and offered load ``offered`` = a = lambda x E[service] (erlangs):
+    ``C(c, a) = c B / (c - a (1 - B))``, ``B`` the Erlang B blocking probability from the
+    recursion ``B(0) = 1, B(k) = a B(k-1) / (k + a B(k-1))`` (Kleinrock, Queueing Systems vol. 1,
+    1975, sec. 3.5; the recursion avoids ``a^c / c!``). The mean wait is then ``Wq = C E[service]
+    / (c - a)`` and the mean number waiting ``Lq = lambda Wq = C a / (c - a)``.
+
+    Raises:
+        ValueError: ``servers < 1`` or not ``0 <= offered < servers`` (no steady state).
+    """
+    if servers < 1:
+        raise ValueError(f"servers must be >= 1, got {servers}")
+    if not 0 <= offered < servers:
+        raise ValueError(f"queue overloaded: offered load {offered:.3g} >= {servers} servers" if offered >= servers
+                         else f"offered load must be >= 0, got {offered}")
+    b = 1.0
+    for k in range(1, servers + 1):
+        b = offered * b / (k + offered * b)
+    return servers * b / (servers - offered * (1 - b))
+
+
+def dram_full_probability(servers: int, offered: float, transit: float, room: int) -> float:
+    """Probability that a request arriving at a decode worker's DRAM pool finds ``room`` or more
+    requests there (so its push has to wait): ``P(Nq + Nt >= room)``. ``Nq``, the requests
+    waiting for one of ``servers`` slots, has the M/M/c distribution ``P(Nq = 0) = 1 - C rho``,
+    ``P(Nq = j) = C (1 - rho) rho^j`` for ``j >= 1`` (``C`` = :func:`erlang_c`, ``rho = offered /
+    servers``; Kleinrock 1975, sec. 3.5); ``Nt``, those being pushed or loaded, is Poisson with
+    mean ``transit`` (M/G/inf); the two are taken as independent. Poisson arrivals see these
+    time averages (PASTA).
+
+    Raises:
+        ValueError: as :func:`erlang_c`.
+    """
+    if room <= 0:
+        return 1.0
+    c = erlang_c(servers, offered)
+    rho = offered / servers
+    pq = [1 - c * rho] + [c * (1 - rho) * rho ** j for j in range(1, room)]
+    pt, term = [], math.exp(-transit)
+    for i in range(room):
+        pt.append(term)
+        term *= transit / (i + 1)
+    below = sum(pq[j] * pt[total - j] for total in range(room) for j in range(total + 1))
+    return min(1.0, max(0.0, 1 - below))
+
+
+def node_dram(hw: Hardware) -> float:
+    """Host DRAM of one node, bytes: ``hw.node_dram_bytes``, else this machine's ``MemTotal``
+    from ``/proc/meminfo`` (kB = 1024 bytes there).
+
+    Raises:
+        ValueError: neither is available.
+    """
+    if hw.node_dram_bytes is not None:
+        return hw.node_dram_bytes
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemTotal:"):
+                    return float(line.split()[1]) * 1024
+    except OSError:
+        pass
+    raise ValueError(f"hardware {hw.name}: no node DRAM size and no /proc/meminfo; give --node-dram GiB")
 
 
 def md1_wait(rho: float, service_s: float) -> float:
@@ -716,6 +816,195 @@ def _predict_batch_colocated(model, hw, wl, pf, w, _decode, tp, n_max) -> Predic
 
 
 # --------------------------------------------------------------------------------------------
+# The decode host-DRAM KV tier (issue #7)
+# --------------------------------------------------------------------------------------------
+
+@dataclass
+class DramTier:
+    """Host DRAM a decode worker and node need for the KV tier of one disaggregated split (see
+    :func:`dram_tier` for the formulas). Bytes in bytes, times in seconds, rates in requests/s;
+    counts of requests are per decode worker unless named ``node``.
+
+    ``request_bytes`` is the KV of a whole request (prompt + generated tokens), ``load_bytes``
+    of its prompt (what is pushed and loaded). ``slots``: sequences one worker's KV cache holds at
+    full length; ``admitted``: at prompt length (what vLLM admits); ``swapped = admitted - slots``
+    the most it may swap out. ``rate`` is per decode worker (a batch: while prefill runs);
+    ``residence_s`` a request's time in a slot, ``offered`` ``rate x residence_s`` (erlangs),
+    ``wait_probability`` the Erlang C probability of waiting (``None`` for a batch),
+    ``admit_wait_s`` the mean wait for a slot. ``waiting`` (mean; a batch: peak), ``transit``
+    (being pushed or loaded) and ``swapped`` add up to ``staged``; ``sized_requests`` =
+    ``ceil(headroom x staged)``. ``full_probability``: chance a push finds that many there;
+    ``sized_1pct``: the fewest requests that bring it to 1% or less (``None`` for a batch).
+    ``load_steps`` = ``load_s / itl_s``; ``blocking_itl_s`` = ``itl_s + load_s``, the gap the
+    running sequences see if a load is not overlapped with decoding; ``ttft_s`` = the split's TTFT
+    (``split_ttft_s``) + ``admit_wait_s`` + ``load_s``; ``h2d_util`` = ``rate x load_s``, the share of time a
+    device's host link spends on loads.
+    """
+
+    prefill_workers: int
+    decode_workers: int
+    tp: int
+    workers_per_node: int
+    decode_nodes: int
+    headroom: float
+    request_bytes: float
+    load_bytes: float
+    kv_capacity_bytes: float
+    slots: int
+    admitted: int
+    swapped: int
+    rate: float
+    itl_s: float
+    transfer_s: float
+    load_s: float
+    residence_s: float
+    offered: float
+    wait_probability: float | None
+    admit_wait_s: float
+    waiting: float
+    transit: float
+    staged: float
+    sized_requests: int | None
+    worker_bytes: float
+    node_bytes: float
+    node_dram_bytes: float
+    fits: bool
+    full_probability: float | None
+    sized_1pct: int | None
+    load_steps: float
+    blocking_itl_s: float
+    split_ttft_s: float
+    ttft_s: float
+    h2d_util: float
+    itl_target_s: float
+    notes: list[str] = field(default_factory=list)
+
+
+def dram_tier(model: ModelShape, hw: Hardware, wl: Workload, pred: Prediction, *,
+              headroom: float = 1.2, itl_target_s: float = 0.1) -> DramTier:
+    """Size the decode workers' host-DRAM KV pool for the disaggregated configuration ``pred``
+    (x prefill, y decode workers of ``tp`` devices). ``k`` = KV bytes per token (``2 x layers x
+    KV heads x head dim x bytes``, :mod:`pipeline.kv.layout`), ``p`` / ``o`` the mean prompt /
+    output tokens, ``C_kv`` = :func:`kv_capacity`.
+
+    - A request's KV: ``k (p + o)`` bytes in DRAM (room for the whole sequence, so it can also be
+      swapped out at full length); ``k p`` bytes pushed over the link in ``T`` =
+      :func:`kv_transfer_time` and loaded into HBM in ``load = k p / (tp x h2d_bw)``
+      (:func:`host_load_time`). The DRAM copy is freed once loaded.
+    - Slots ``c = min(max_batch, floor(C_kv / (k (p + o))))``: sequences that run to the end
+      without pre-emption. vLLM admits by prompt length, up to ``min(max_batch, floor(C_kv /
+      (k p)))``; the difference is the most it swaps out (``swapped``; kept in DRAM throughout).
+    - With a rate: each decode worker gets ``lambda = rate / y``; a request holds a slot for
+      ``W = load + o x ITL`` (ITL of ``pred``), so ``a = lambda W`` slots are busy (Little's law
+      ``L = lambda W``). Waiting for a slot is an M/M/c queue: ``Wq = C(c, a) W / (c - a)``
+      (:func:`erlang_c`); exponential service overstates the wait of equal-length requests
+      (about 2x for M/D/c, Allen-Cunneen), which errs towards more DRAM. Requests in DRAM by
+      Little's law: ``lambda (T + Wq + load)`` (pushing, waiting, loading) ``+ swapped``.
+    - A batch (no rate): prefill delivers ``lambda = x / max(S, T) / y`` requests/s to each
+      decode worker for ``P = count / (x / max(S, T))`` seconds, and a worker with all slots
+      busy (ITL at ``c`` sequences) completes ``mu = c / W``. Fluid backlog at the end of
+      prefill (the peak): ``max(0, lambda P - c - mu max(0, P - W))``; mean wait ``peak /
+      (2 mu)``. Prefill waits (back-pressure) when DRAM holds less, which costs nothing when
+      decode is the bottleneck (``lambda > mu``).
+    - Sized: ``ceil(headroom x staged)`` requests (at least 1) per worker x ``k (p + o)``; per
+      node ``min(y, node_devices // tp)`` workers; checked against :func:`node_dram`. Mean
+      values: the headroom covers fluctuation, and ``full_probability`` says how often a push
+      still finds the pool full (:func:`dram_full_probability`); ``sized_1pct`` is the fewest
+      requests for which that is at most 1%.
+    - The load adds ``load`` to TTFT (plus ``Wq``). Not overlapped with decoding it stalls the
+      running sequences: one gap of ``ITL + load``, to compare with ``itl_target_s``.
+
+    Raises:
+        ValueError: ``pred`` is colocated, ``headroom < 1``, or a worker's KV cache holds less
+            than one whole request.
+    """
+    if pred.mode != "disaggregated":
+        raise ValueError("the DRAM tier sits on decode workers: give a disaggregated prediction")
+    if not headroom >= 1:
+        raise ValueError(f"DRAM headroom must be >= 1, got {headroom}")
+    tp, x, y = pred.tp, pred.prefill_workers, pred.decode_workers
+    k = model.kv_bytes_per_token
+    p, o = wl.mean_prompt, wl.mean_output
+    request_bytes, load_bytes = k * (p + o), k * p
+    cap = kv_capacity(model, hw, tp)
+    slots = int(min(hw.max_batch, math.floor(cap / request_bytes)))
+    admitted = int(min(hw.max_batch, math.floor(cap / load_bytes)))
+    if slots < 1:
+        raise ValueError(f"{model.name}: the KV cache of one worker ({cap / GIB:.3g} GiB) holds less than one "
+                         f"whole request ({request_bytes / GIB:.3g} GiB); use more devices per worker (--tp)")
+    swapped = max(0, admitted - slots)
+    load = host_load_time(load_bytes, hw, tp)
+    transfer = pred.kv_transfer_s
+    notes: list[str] = []
+    if wl.rate is not None:
+        lam = wl.rate / y
+        itl = pred.itl_s
+        residence = load + o * itl
+        offered = lam * residence
+        if offered < slots:
+            wait_p = erlang_c(slots, offered)
+            wait = wait_p * residence / (slots - offered)
+        else:
+            wait_p, wait = 1.0, math.inf
+
+            def busy(w: int) -> float:
+                try:
+                    return wl.rate / w * (load + o * decode_concurrency(model, hw, wl.rate / w, o,
+                                                                         wl.decode_context, tp)[1]) / slots
+                except ValueError:
+                    return math.inf
+
+            need = _needed(busy, 1 - 1e-9, y + 1)
+            notes.append(f"decode admission overloaded: {offered:.3g} of {slots} slots busy per worker, so the "
+                         f"DRAM backlog grows without bound; it needs at least {need} decode workers")
+        waiting = lam * wait
+    else:
+        feed = x / max(pred.prefill_s, transfer)
+        lam = feed / y
+        itl = decode_step_time(model, hw, slots, wl.decode_context, tp)
+        residence = load + o * itl
+        offered = lam * residence
+        mu = slots / residence
+        prefill_phase = wl.count / feed
+        waiting = max(0.0, lam * prefill_phase - slots - mu * max(0.0, prefill_phase - residence))
+        wait_p, wait = None, waiting / (2 * mu)
+        if lam > mu:
+            notes.append(f"batch: prefill delivers {lam:.3g} requests/s per decode worker, decode completes "
+                         f"{mu:.3g}; the backlog peaks at the end of prefill. With less DRAM prefill waits "
+                         f"for room, and the makespan does not change (decode is the bottleneck)")
+    transit = lam * (transfer + load)
+    staged = waiting + transit + swapped
+    per_node = max(1, hw.node_devices // tp)
+    on_node = min(y, per_node)
+    dram = node_dram(hw)
+    if math.isfinite(staged):
+        sized: int | None = max(1, math.ceil(headroom * staged - 1e-9))
+        worker_bytes = sized * request_bytes
+    else:
+        sized, worker_bytes = None, math.inf
+    node_bytes = on_node * worker_bytes
+    full = sized_1pct = None
+    if wl.rate is not None and sized is not None:
+        full = dram_full_probability(slots, offered, transit, sized - swapped)
+        sized_1pct = next(m for m in range(swapped + 1, swapped + 100_000)
+                          if dram_full_probability(slots, offered, transit, m - swapped) <= 0.01)
+    fits = node_bytes <= dram
+    if not fits and math.isfinite(node_bytes):
+        notes.append(f"the DRAM pools of {on_node} decode worker{'s' if on_node > 1 else ''} ({node_bytes / GIB:.4g} "
+                     f"GiB) exceed the node's {dram / GIB:.4g} GiB: fewer workers per node, more decode workers, "
+                     f"or less headroom")
+    return DramTier(
+        prefill_workers=x, decode_workers=y, tp=tp, workers_per_node=per_node, decode_nodes=math.ceil(y / per_node),
+        headroom=headroom, request_bytes=request_bytes, load_bytes=load_bytes, kv_capacity_bytes=cap,
+        slots=slots, admitted=admitted, swapped=swapped, rate=lam, itl_s=itl, transfer_s=transfer, load_s=load,
+        residence_s=residence, offered=offered, wait_probability=wait_p, admit_wait_s=wait, waiting=waiting,
+        transit=transit, staged=staged, sized_requests=sized, worker_bytes=worker_bytes, node_bytes=node_bytes,
+        node_dram_bytes=dram, fits=fits, full_probability=full, sized_1pct=sized_1pct, load_steps=load / itl,
+        blocking_itl_s=itl + load, split_ttft_s=pred.ttft_s, ttft_s=pred.ttft_s + wait + load, h2d_util=lam * load,
+        itl_target_s=itl_target_s, notes=notes)
+
+
+# --------------------------------------------------------------------------------------------
 # The plan
 # --------------------------------------------------------------------------------------------
 
@@ -736,6 +1025,7 @@ class Plan:
     reason: str
     overrides: str
     notes: list[str] = field(default_factory=list)
+    dram: DramTier | None = None
 
     def to_dict(self) -> dict:
         """Everything as JSON-ready data (``--json``); lists of lengths are summarised."""
@@ -758,6 +1048,8 @@ class Plan:
             p = getattr(self, key)
             if p is not None:
                 d[key] = {**asdict(p), "overrides": p.overrides}
+        if self.dram is not None:
+            d["dram_tier"] = asdict(self.dram)
         return _finite(d)
 
 
@@ -773,8 +1065,9 @@ def _finite(x):
 
 def plan(model: ModelShape, hw: Hardware, wl: Workload, *, target_util: float = 0.75,
          itl_target_s: float = 0.1, tp: int | None = None, workers: int = 2,
-         tail_quantile: float = 0.99) -> Plan:
-    """Size the pools and recommend colocated or disaggregated.
+         tail_quantile: float = 0.99, dram_headroom: float | None = None) -> Plan:
+    """Size the pools and recommend colocated or disaggregated; with ``dram_headroom`` also size
+    the decode host-DRAM KV tier of the disaggregated split (:func:`dram_tier`, ``Plan.dram``).
 
     With a rate: ``x`` = the fewest prefill workers with prefill utilisation <= ``target_util``,
     ``y`` the fewest decode workers with decode utilisation <= ``target_util`` (the pools load
@@ -794,7 +1087,7 @@ def plan(model: ModelShape, hw: Hardware, wl: Workload, *, target_util: float = 
 
     Raises:
         ValueError: ``target_util`` not in (0, 1), ``workers`` < 1, or no split within 100,000
-            workers.
+            workers; with ``dram_headroom``: as :func:`dram_tier`, or no split (``workers`` = 1).
     """
     if not 0 < target_util < 1:
         raise ValueError(f"target utilisation must be in (0, 1), got {target_util}")
@@ -878,7 +1171,15 @@ def plan(model: ModelShape, hw: Hardware, wl: Workload, *, target_util: float = 
                      f"(the pipeline's default model.gpu_memory_utilization is 0.3)")
     if tp > 1:
         notes.append(f"{tp} devices per worker (tensor parallel): weights {model.weight_bytes / GB:.1f} GB")
-    return Plan(model, hw, wl, target_util, itl_target_s, dis, colo, rec, reason, overrides, notes)
+    dram = None
+    if dram_headroom is not None:
+        if dis is None:
+            raise ValueError("the DRAM tier needs a disaggregated split: give --workers >= 2")
+        dram = dram_tier(model, hw, wl, dis, headroom=dram_headroom, itl_target_s=itl_target_s)
+        if rec != "disaggregated":
+            dram.notes.append(f"sized for the disaggregated split {dis.prefill_workers}P:{dis.decode_workers}D; "
+                              f"the recommendation is {rec}")
+    return Plan(model, hw, wl, target_util, itl_target_s, dis, colo, rec, reason, overrides, notes, dram)
 
 
 def _s(seconds: float | None) -> str:
@@ -1086,6 +1387,65 @@ def format_plan(p: Plan) -> str:
               f"recommendation: {p.recommendation} ({p.reason})",
               f"overrides: {p.overrides}"]
     lines += [f"note: {n}" for n in p.notes]
+    if p.dram is not None:
+        lines += ["", format_dram(p.dram, m, hw, wl)]
+    return "\n".join(lines)
+
+
+def _gib(nbytes: float) -> str:
+    return f"{nbytes / GIB:.4g} GiB" if math.isfinite(nbytes) else "unbounded"
+
+
+def format_dram(d: DramTier, m: ModelShape, hw: Hardware, wl: Workload) -> str:
+    """The DRAM-tier section of the report (``--dram-tier``; :func:`dram_tier`)."""
+    batch = wl.rate is None
+    on_node = min(d.decode_workers, d.workers_per_node)
+    lines = [
+        f"DRAM tier  decode host-DRAM KV pool for {d.prefill_workers}P:{d.decode_workers}D: {d.decode_workers} "
+        f"decode worker{'s' if d.decode_workers > 1 else ''} of {d.tp}, {d.workers_per_node} per "
+        f"{hw.node_devices}-device node, {d.decode_nodes} decode node{'s' if d.decode_nodes > 1 else ''}",
+        f"  per request    {wl.mean_prompt + wl.mean_output:.0f} tokens (prompt {wl.mean_prompt:.0f} + output "
+        f"{wl.mean_output:.0f}) x {m.kv_bytes_per_token / 1024:.4g} KiB = {_gib(d.request_bytes)}; "
+        f"prompt KV {_gib(d.load_bytes)}",
+        f"  slots          {d.slots} sequences at full length in {_gib(d.kv_capacity_bytes)} of KV cache "
+        f"(max batch {hw.max_batch}); {d.admitted} at prompt length, so up to {d.swapped} swapped out",
+        (f"  admission      {d.rate:.4g} req/s per worker while prefill runs x {_s(d.residence_s)} in a slot"
+         if batch else f"  admission      {d.rate:.4g} req/s per worker x {_s(d.residence_s)} in a slot")
+        + f" (load {_s(d.load_s)} + {wl.mean_output:.0f} x ITL {_s(d.itl_s)}): "
+        + (f"would keep {d.offered:.3g} slots busy, has {d.slots}; fluid backlog, mean wait {_s(d.admit_wait_s)}"
+           if batch else
+           f"{d.offered:.3g} of {d.slots} slots busy; Erlang C wait {_s(d.admit_wait_s)} "
+           f"(P(wait) {d.wait_probability:.3g})"),
+        f"  in DRAM        {'peak' if batch else 'mean'} {d.waiting:.3g} waiting + {d.transit:.3g} pushing/loading"
+        f" + {d.swapped} swapped out = {d.staged:.3g} requests per worker"
+        + ("" if batch else " (Little's law)"),
+    ]
+    if d.sized_requests is not None:
+        lines.append(f"  sized          ceil({d.headroom:g} x {d.staged:.3g}) = {d.sized_requests} "
+                     f"request{'s' if d.sized_requests > 1 else ''} = "
+                     f"{_gib(d.worker_bytes)} per worker; {_gib(d.node_bytes)} per decode node "
+                     f"({on_node} worker{'s' if on_node > 1 else ''} on it)")
+    else:
+        lines.append("  sized          unbounded (see the note)")
+    lines.append(f"  node DRAM      {_gib(d.node_dram_bytes)}"
+                 f"{'' if hw.node_dram_bytes is not None else ' (/proc/meminfo)'}: "
+                 + (f"fits, {d.node_bytes / d.node_dram_bytes:.1%} of it" if d.fits else "does NOT fit")
+                 + (f"; a push finds the pool full {d.full_probability:.2%} of the time"
+                    if d.full_probability is not None else ""))
+    if d.sized_1pct is not None:
+        lines.append(f"  for <= 1% full {d.sized_1pct} requests = {_gib(d.sized_1pct * d.request_bytes)} per worker, "
+                     f"{_gib(on_node * d.sized_1pct * d.request_bytes)} per decode node "
+                     f"({on_node * d.sized_1pct * d.request_bytes / d.node_dram_bytes:.1%} of its DRAM)")
+    fits_gap = d.blocking_itl_s <= d.itl_target_s
+    lines += [
+        f"  DRAM->HBM load {_gib(d.load_bytes)} / ({d.tp} x {hw.h2d_bw / GB:.4g} GB/s) = {_s(d.load_s)} "
+        f"= {d.load_steps:.3g} decode steps; not overlapped, one gap of {_s(d.blocking_itl_s)} "
+        + (f"(within the {_s(d.itl_target_s)} ITL target)" if fits_gap else
+           f"> the {_s(d.itl_target_s)} ITL target: overlap the load with decoding (layer by layer)"),
+        f"  TTFT           {_s(d.split_ttft_s)} + wait {_s(d.admit_wait_s)} + load "
+        f"{_s(d.load_s)} = {_s(d.ttft_s)}; host link {d.h2d_util:.2%} busy with loads",
+    ]
+    lines += [f"note: {n}" for n in d.notes]
     return "\n".join(lines)
 
 
@@ -1118,6 +1478,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tp", type=int, help="devices per worker (default: fewest that hold the weights twice)")
     ap.add_argument("--workers", type=int, default=2, help="workers (each --tp devices) to split for a batch job (default 2)")
     ap.add_argument("--dtype", help="weight/KV dtype (default: the model's)")
+    ap.add_argument("--dram-tier", action="store_true", help="size the decode workers' host-DRAM KV tier "
+                    "(issue #7) for the disaggregated split")
+    ap.add_argument("--dram-headroom", type=float, help="DRAM tier: factor over the mean requests in DRAM "
+                    "(default 1.2; implies --dram-tier)")
+    ap.add_argument("--node-dram", type=float, metavar="GIB", help="DRAM tier: host DRAM per node, GiB "
+                    "(default: the preset's; cpu: /proc/meminfo; implies --dram-tier)")
+    ap.add_argument("--h2d-bw", type=float, metavar="GB_S", help="DRAM tier: host-to-device GB/s per device "
+                    "(default: the preset's, 55 for h100/h200; implies --dram-tier)")
     ap.add_argument("--json", action="store_true", help="print JSON")
     args = ap.parse_args(argv)
     try:
@@ -1129,6 +1497,15 @@ def main(argv: list[str] | None = None) -> int:
         else:
             model = load_model(args.model or "smollm2-135m", args.dtype)
             hw = hardware(args.hardware or "h100")
+        if args.node_dram is not None or args.h2d_bw is not None:
+            if args.node_dram is not None and not args.node_dram > 0:
+                raise ValueError(f"--node-dram must be > 0 GiB, got {args.node_dram}")
+            if args.h2d_bw is not None and not args.h2d_bw > 0:
+                raise ValueError(f"--h2d-bw must be > 0 GB/s, got {args.h2d_bw}")
+            hw = replace(hw, node_dram_bytes=args.node_dram * GIB if args.node_dram is not None else hw.node_dram_bytes,
+                         h2d_bw=args.h2d_bw * GB if args.h2d_bw is not None else hw.h2d_bw)
+        dram_on = args.dram_tier or any(v is not None for v in (args.dram_headroom, args.node_dram, args.h2d_bw))
+        headroom = (args.dram_headroom if args.dram_headroom is not None else 1.2) if dram_on else None
         prompts, outputs = _lengths(args.prompt_tokens), _lengths(args.output_tokens)
         if args.input:
             wl = workload_from_input(args.input, model, job=args.job, tokenizer=args.tokenizer,
@@ -1148,7 +1525,7 @@ def main(argv: list[str] | None = None) -> int:
         else:
             raise ValueError("give --prompt-tokens and --output-tokens, or --input, or --calibrate")
         result = plan(model, hw, wl, target_util=args.target_util, itl_target_s=args.itl_target,
-                      tp=args.tp, workers=args.workers)
+                      tp=args.tp, workers=args.workers, dram_headroom=headroom)
     except (ValueError, FileNotFoundError) as exc:
         print(f"error: {str(exc).splitlines()[0]}", file=sys.stderr)
         return 2

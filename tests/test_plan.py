@@ -4,6 +4,7 @@ in the test or a published figure; no vLLM engine."""
 from __future__ import annotations
 
 import json
+import math
 import subprocess
 import sys
 from pathlib import Path
@@ -294,3 +295,180 @@ def test_cli_readable_output_and_one_line_errors():
     assert bad.stderr.strip().count("\n") == 0 and "rate must be > 0" in bad.stderr
     assert _cli("--model", "llama-3.1-8b", "--hardware", "tpu", "--prompt-tokens", "1",
                 "--output-tokens", "1", "--rate", "1").returncode == 2
+
+
+# ------------------------------------------------------------------------- decode host-DRAM tier (#7)
+
+def test_erlang_c_and_dram_full_probability_hand_computed():
+    # M/M/1 (c = 1): P(wait) = rho = 0.5.
+    assert P.erlang_c(1, 0.5) == pytest.approx(0.5)
+    # c = 2, a = 1 erlang: (a^2/2! x c/(c-a)) / (1 + a + a^2/2! x c/(c-a)) = 1 / (1 + 1 + 1) = 1/3.
+    assert P.erlang_c(2, 1.0) == pytest.approx(1 / 3)
+    with pytest.raises(ValueError, match="overloaded"):
+        P.erlang_c(2, 2.0)
+    # c = 2, a = 1, nothing in transit: P(Nq >= j) = C rho^j = (1/3) x 0.5^j.
+    assert P.dram_full_probability(2, 1.0, 0.0, 1) == pytest.approx(1 / 6)
+    assert P.dram_full_probability(2, 1.0, 0.0, 3) == pytest.approx(1 / 24)
+    # With 0.5 requests in transit (Poisson): P(Nq + Nt >= 1) = 1 - (5/6) x 0.606531 = 0.494558.
+    assert P.dram_full_probability(2, 1.0, 0.5, 1) == pytest.approx(0.494558, abs=1e-6)
+    assert P.dram_full_probability(2, 1.0, 0.5, 0) == 1.0
+
+
+def _dis_prediction(prefill_workers, decode_workers, *, rate, prefill_s=1.0, transfer_s=0.002,
+                    itl_s=0.00999, ttft_s=5.0):
+    """A disaggregated prediction of the toy model with chosen numbers (so the DRAM tier can be
+    worked by hand independently of the pool model)."""
+    return P.Prediction(
+        mode="disaggregated", prefill_workers=prefill_workers, decode_workers=decode_workers, tp=1,
+        throughput=rate or 1.0, prefill_s=prefill_s, prefill_p99_s=prefill_s, kv_bytes=2e5,
+        kv_transfer_s=transfer_s, prefill_util=0.5, queue_wait_s=0.0, ttft_s=ttft_s, running=1.0,
+        itl_s=itl_s, itl_worst_s=itl_s, decode_util=0.5, stall_fraction=0.0, output_tokens_per_s=100.0)
+
+
+# The toy model with a host tier: KV 200 B/token, KV cache 650,000 B, host link 2e8 B/s, 2 devices
+# and 1e6 B of DRAM per node. Requests of 1000 + 100 tokens:
+#   whole request 200 x 1100 = 220,000 B; prompt 200 x 1000 = 200,000 B
+#   slots = floor(650,000 / 220,000) = 2 at full length; floor(650,000 / 200,000) = 3 at prompt
+#   length -> up to 1 swapped out
+#   load = 200,000 B / 2e8 B/s = 1 ms; a slot is held 1 ms + 100 x 9.99 ms = 1.0 s
+DRAM_HW = P.replace(TOY_HW, kv_cache_bytes=6.5e5, h2d_bw=2e8, node_devices=2, node_dram_bytes=1e6)
+
+
+def test_dram_tier_rate_hand_computed():
+    # 3 req/s over 3 decode workers: 1 req/s each; a = 1 req/s x 1.0 s = 1 erlang on c = 2 slots:
+    #   Erlang C = 1/3, Wq = (1/3) x 1.0 s / (2 - 1) = 0.3333 s; waiting (Little) 1 x 0.3333 = 1/3
+    #   transit (pushing 2 ms + loading 1 ms) = 1 x 0.003 = 0.003; + 1 swapped out
+    #   staged = 1.336333; x 1.2 = 1.6036 -> 2 requests = 440,000 B per worker;
+    #   a node holds 2 // 1 = 2 workers: 880,000 B <= 1e6 B; 3 workers -> 2 nodes.
+    wl = P.workload(1000, 100, rate=3.0)
+    d = P.dram_tier(TOY, DRAM_HW, wl, _dis_prediction(3, 3, rate=3.0), headroom=1.2, itl_target_s=0.1)
+    assert d.request_bytes == 220_000 and d.load_bytes == 200_000
+    assert (d.slots, d.admitted, d.swapped) == (2, 3, 1)
+    assert d.load_s == pytest.approx(0.001)
+    assert d.residence_s == pytest.approx(1.0)
+    assert d.offered == pytest.approx(1.0)
+    assert d.wait_probability == pytest.approx(1 / 3)
+    assert d.admit_wait_s == pytest.approx(1 / 3)
+    assert d.waiting == pytest.approx(1 / 3)
+    assert d.transit == pytest.approx(0.003)
+    assert d.staged == pytest.approx(1 / 3 + 0.003 + 1)
+    assert d.sized_requests == 2
+    assert d.worker_bytes == 440_000
+    assert (d.workers_per_node, d.decode_nodes) == (2, 2)
+    assert d.node_bytes == 880_000 and d.fits
+    # Room for 2 - 1 swapped = 1 more: P(Nq + Nt >= 1) = 1 - (1 - 1/6) e^-0.003 = 0.169163.
+    assert d.full_probability == pytest.approx(0.169163, abs=1e-6)
+    # <= 1%: P(Nq >= 5) = (1/3) / 32 = 1.04% is too many, P(Nq >= 6) = 0.52% (+ < 0.01% from
+    # transit) is enough -> room 6 + 1 swapped = 7 requests.
+    assert d.sized_1pct == 7
+    # The load spans 1 / 9.99 = 0.1 decode step; not overlapped, a gap of 10.99 ms; TTFT 5 s +
+    # 0.3333 s + 1 ms; the host link is busy 1 req/s x 1 ms = 0.1% of the time.
+    assert d.load_steps == pytest.approx(0.001 / 0.00999)
+    assert d.blocking_itl_s == pytest.approx(0.01099)
+    assert d.ttft_s == pytest.approx(5.0 + 1 / 3 + 0.001)
+    assert d.h2d_util == pytest.approx(0.001)
+    # Headroom 2: ceil(2 x 1.336333) = 3 requests; a node of 2 workers needs 1,320,000 B > 1e6 B.
+    big = P.dram_tier(TOY, DRAM_HW, wl, _dis_prediction(3, 3, rate=3.0), headroom=2.0)
+    assert big.sized_requests == 3 and big.node_bytes == 1_320_000
+    assert not big.fits and any("exceed" in n for n in big.notes)
+    # 2 req/s per worker: a = 2 erlangs on 2 slots -> unbounded backlog, reported, not sized.
+    over = P.dram_tier(TOY, DRAM_HW, P.workload(1000, 100, rate=2.0), _dis_prediction(1, 1, rate=2.0))
+    assert over.sized_requests is None and over.admit_wait_s == float("inf")
+    assert any("overloaded" in n for n in over.notes)
+    with pytest.raises(ValueError, match="headroom"):
+        P.dram_tier(TOY, DRAM_HW, wl, _dis_prediction(3, 3, rate=3.0), headroom=0.5)
+
+
+def test_dram_tier_batch_backlog_hand_computed():
+    # 1000 requests, 1P:1D, prefill 0.1 s each -> 10 req/s for P = 100 s. With both slots busy a
+    # step is 0.1 + 0.0021 x 2 = 0.1042 s (memory bound, the toy's line), so a slot is held
+    # 1 ms + 100 x 0.1042 s = 10.421 s and decode completes mu = 2 / 10.421 = 0.191920 req/s.
+    # Peak backlog at the end of prefill: 1000 - 2 - 0.191920 x (100 - 10.421) = 980.808;
+    # + transit 10 x 3 ms = 0.03, + 1 swapped = 981.838; x 1.2 = 1178.2 -> 1179 requests.
+    wl = P.workload(1000, 100, count=1000)
+    d = P.dram_tier(TOY, DRAM_HW, wl, _dis_prediction(1, 1, rate=None, prefill_s=0.1), headroom=1.2)
+    mu = 2 / 10.421
+    assert d.rate == pytest.approx(10.0)
+    assert d.itl_s == pytest.approx(0.1042)
+    assert d.residence_s == pytest.approx(10.421)
+    assert d.waiting == pytest.approx(998 - mu * (100 - 10.421))
+    assert d.admit_wait_s == pytest.approx(d.waiting / (2 * mu))
+    assert d.staged == pytest.approx(998 - mu * 89.579 + 0.03 + 1)
+    assert d.sized_requests == 1179
+    assert d.full_probability is None and d.sized_1pct is None
+    assert any("decode is the bottleneck" in n for n in d.notes)
+    # 10 requests: all prefilled in 1 s, sooner than a slot frees (10.4 s): 10 - 2 = 8 wait.
+    small = P.dram_tier(TOY, DRAM_HW, P.workload(1000, 100, count=10),
+                        _dis_prediction(1, 1, rate=None, prefill_s=0.1))
+    assert small.waiting == pytest.approx(8.0)
+
+
+def test_node_dram_from_preset_or_proc_meminfo():
+    assert P.node_dram(P.hardware("h200")) == 2 * 2**40 == P.node_dram(P.hardware("h100"))
+    # cpu: this machine's MemTotal; the kernel's page count says the same.
+    import os
+    assert P.node_dram(P.hardware("cpu")) == os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def test_cli_dram_tier_llama_70b_128k_on_h200():
+    # The README's worked example. Llama-3.1-70B: 327,680 B/token; a request of 130,048 prompt +
+    # 1,024 output tokens = 131,072 tokens x 327,680 B = 42,949,672,960 B = 40 GiB exactly.
+    p = _cli("--model", "llama-3.1-70b", "--hardware", "h200", "--prompt-tokens", "130048",
+             "--output-tokens", "1024", "--rate", "1.0", "--dram-tier", "--json")
+    assert p.returncode == 0, p.stderr
+    out = json.loads(p.stdout)
+    d = out["dram_tier"]
+    assert d["request_bytes"] == 131072 * 327680 == 40 * 2**30
+    # TP 4 (as for H100: 141.2 GB <= half of 4 x 141 GB x 0.9); KV cache 4 x 141e9 x 0.9 - 141.2e9
+    # = 366.4e9 B; / 42.95e9 = 8.53 -> 8 slots; / 42.61e9 (prompt) = 8.60 -> 8: none swapped.
+    assert (d["tp"], d["slots"], d["swapped"]) == (4, 8, 0)
+    assert d["kv_capacity_bytes"] == pytest.approx(366.4e9)
+    # Load: 130,048 x 327,680 = 42,614,128,640 B / (4 x 55e9 B/s) = 193.70 ms; push 213.07 ms.
+    assert d["load_s"] == pytest.approx(42_614_128_640 / 220e9)
+    assert d["load_s"] == pytest.approx(0.19370, abs=1e-5)
+    assert d["transfer_s"] == pytest.approx(0.21307, abs=1e-5)
+    # 1 req/s over 5 decode workers: 0.2 each. Decode step (memory bound):
+    #   a = 141.2e9 / (4 x 4.8e12 x 0.7) = 10.506 ms, b = 327,680 x 130,560 / 13.44e12 = 3.1832 ms;
+    #   r = 0.2 x 1024 = 204.8: n = r a / (1 - r b) = 2.151619 / 0.348085 = 6.1813,
+    #   ITL = 10.5060 + 3.18318 x 6.1813 = 30.182 ms.
+    assert out["disaggregated"]["decode_workers"] == 5 and d["rate"] == pytest.approx(0.2)
+    assert d["itl_s"] == pytest.approx(0.030182, abs=1e-6)
+    # A slot is held W = 0.19370 + 1024 x ITL = 31.10 s; a = 0.2 x W = 6.22 erlangs on c = 8.
+    w = 0.19370 + 1024 * d["itl_s"]
+    a = 0.2 * w
+    assert d["offered"] == pytest.approx(a, rel=1e-4)
+    # Erlang C from its closed form: (a^c / c! x c / (c - a)) / (sum_{k<c} a^k / k! + that).
+    top = a ** 8 / math.factorial(8) * 8 / (8 - a)
+    c = top / (sum(a ** k / math.factorial(k) for k in range(8)) + top)
+    assert 0.40 < c < 0.42
+    assert d["wait_probability"] == pytest.approx(c, rel=1e-4)
+    wq = c * w / (8 - a)
+    assert d["admit_wait_s"] == pytest.approx(wq, rel=1e-4)
+    # Little's law: waiting 0.2 x Wq (~1.43) + in transit 0.2 x (0.21307 + 0.19370) = 0.08135.
+    staged = 0.2 * wq + 0.2 * (0.21307 + 0.19370)
+    assert d["staged"] == pytest.approx(staged, rel=1e-4)
+    assert 1.5 < staged < 1.55
+    # ceil(1.2 x 1.52) = 2 requests = 80 GiB per worker; 2 workers per 8-GPU node: 160 GiB of 2 TiB.
+    assert d["sized_requests"] == math.ceil(1.2 * staged) == 2
+    assert d["worker_bytes"] == 80 * 2**30 and d["node_bytes"] == 160 * 2**30
+    assert d["node_dram_bytes"] == 2 * 2**40 and d["fits"]
+    assert (d["workers_per_node"], d["decode_nodes"]) == (2, 3)
+    # The load does not fit in a decode step: 193.70 ms / 30.182 ms = 6.42 steps.
+    assert d["load_steps"] == pytest.approx(0.19370 / 0.030182, rel=1e-4)
+    assert d["ttft_s"] == pytest.approx(out["disaggregated"]["ttft_s"] + wq + 0.19370, rel=1e-4)
+
+
+def test_cli_dram_tier_readable_options_and_errors():
+    args = ["--model", "llama-3.1-70b", "--hardware", "h200", "--prompt-tokens", "130048",
+            "--output-tokens", "1024", "--rate", "1.0"]
+    plain = _cli(*args)
+    assert plain.returncode == 0 and "DRAM tier" not in plain.stdout
+    assert "dram_tier" not in json.loads(_cli(*args, "--json").stdout)
+    # Any DRAM option turns the section on: headroom 1.5 -> ceil(1.5 x 1.52) = 3 requests = 120
+    # GiB per worker, 240 GiB per node, over a 200 GiB node; 110 GB/s halves the load: 42.61e9 B / 440e9 B/s = 96.85 ms.
+    p = _cli(*args, "--dram-headroom", "1.5", "--node-dram", "200", "--h2d-bw", "110")
+    assert p.returncode == 0, p.stderr
+    assert "DRAM tier" in p.stdout and "= 3 requests = 120 GiB per worker; 240 GiB per decode node" in p.stdout
+    assert "does NOT fit" in p.stdout and "= 96.9 ms =" in p.stdout
+    bad = _cli(*args, "--h2d-bw", "0")
+    assert bad.returncode == 2 and "--h2d-bw must be > 0" in bad.stderr
