@@ -95,6 +95,12 @@ WORKER_SCHEMA = pa.schema([
     ("generation_tokens", pa.int32()),
     ("prefix_cache_queries", pa.int64()),
     ("prefix_cache_hits", pa.int64()),
+    # NIXL telemetry of the KV transfers this worker initiated that completed in this step (the
+    # prefill worker in push mode, the decode worker in pull mode), one entry per transfer:
+    # post = seconds spent posting it, transfer = seconds from post to completion, bytes moved.
+    ("kv_post_s", pa.list_(pa.float64())),
+    ("kv_transfer_s", pa.list_(pa.float64())),
+    ("kv_transfer_bytes", pa.list_(pa.int64())),
 ])
 
 FLUSH_EVERY_S = 30.0
@@ -164,6 +170,7 @@ class StepRecorder:
             iteration_stats.num_generation_tokens if iteration_stats is not None else 0,
             s.prefix_cache_stats.queries if s is not None and s.prefix_cache_stats else 0,
             s.prefix_cache_stats.hits if s is not None and s.prefix_cache_stats else 0,
+            *_nixl_transfers(s),
         ))
         if time.monotonic() - self.flushed_at > FLUSH_EVERY_S:
             self.flush()
@@ -186,12 +193,26 @@ class StepRecorder:
             "generation_tokens": pa.array(cols[5], pa.int32()),
             "prefix_cache_queries": pa.array(cols[6], pa.int64()),
             "prefix_cache_hits": pa.array(cols[7], pa.int64()),
+            "kv_post_s": pa.array(cols[8], pa.list_(pa.float64())),
+            "kv_transfer_s": pa.array(cols[9], pa.list_(pa.float64())),
+            "kv_transfer_bytes": pa.array(cols[10], pa.list_(pa.int64())),
         }, schema=WORKER_SCHEMA)
         try:
             _write(table, self.directory / f"{self.stem}.{self.parts:05d}.parquet")
             self.parts += 1
         except OSError:  # metrics must never take a worker down
             pass
+
+
+def _nixl_transfers(scheduler_stats: Any) -> tuple[list | None, list | None, list | None]:
+    """(post seconds, transfer seconds, bytes) per completed NIXL transfer in vLLM's
+    ``SchedulerStats.kv_connector_stats`` (the NIXL connector's ``NixlKVConnectorStats.data``);
+    None when the step carries none."""
+    data = getattr(scheduler_stats, "kv_connector_stats", None) or {}
+    if not data.get("transfer_duration"):
+        return None, None, None
+    return (list(data.get("post_duration", ())), list(data["transfer_duration"]),
+            [int(b) for b in data.get("bytes_transferred", ())])
 
 
 def step_recorder_factory(recorder: StepRecorder):

@@ -66,6 +66,8 @@ def _write_steps(run: Path, steps, name: str = "steps") -> None:
         "waiting": [0] * len(steps), "kv_cache_usage": [s[4] for s in steps],
         "prompt_tokens": [0] * len(steps), "generation_tokens": [1] * len(steps),
         "prefix_cache_queries": [0] * len(steps), "prefix_cache_hits": [0] * len(steps),
+        "kv_post_s": [None] * len(steps), "kv_transfer_s": [None] * len(steps),
+        "kv_transfer_bytes": [None] * len(steps),
     }, schema=WORKER_SCHEMA)
     path = run / "metrics" / "workers" / f"{name}.parquet"
     path.parent.mkdir(parents=True, exist_ok=True)

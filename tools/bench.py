@@ -474,11 +474,13 @@ def stall_attribution(cols: dict[str, list], stall_s: float) -> dict[str, Any]:
     return {k: {"count": len(v), "max_s": max(v) if v else None} for k, v in causes.items()}
 
 
-def handoff_parts(cols: dict[str, list]) -> dict[str, Any] | None:
+def handoff_parts(cols: dict[str, list], run_dir: Path | None = None) -> dict[str, Any] | None:
     """Per disaggregated request: ``message`` = decode_arrived_at - prefill_end, ``transfer`` =
     token_times[0] - decode_arrived_at (KV transfer + decode scheduling + the 1-token step),
     ``total`` = their sum; p50/p99/max of each, and the first-arrived request's extra over the
-    median (the one-time NIXL handshake estimate)."""
+    median (the one-time NIXL handshake estimate). With ``run_dir``, also NIXL's own telemetry
+    of each KV transfer (RUN_DIR/metrics/workers: ``nixl_*``: seconds from post to completion,
+    seconds to post, bytes, GB/s of each transfer; p50 over transfers)."""
     rows = []
     for pe, da, tt in zip(cols["prefill_end"], cols["decode_arrived_at"], cols["token_times"]):
         if pe is not None and da is not None and tt:
@@ -494,6 +496,18 @@ def handoff_parts(cols: dict[str, list]) -> dict[str, Any] | None:
         out[f"{k}_max_s"] = max(vals)
         out[f"{k}_first_s"] = rows[0][idx]
         out[f"{k}_first_extra_s"] = rows[0][idx] - statistics.median(vals)
+    if run_dir is not None:
+        from pipeline.metrics import read_worker_metrics
+
+        w = read_worker_metrics(run_dir).to_pydict()
+        xs = [(t, p, b) for ts, ps, bs in zip(w["kv_transfer_s"], w["kv_post_s"], w["kv_transfer_bytes"])
+              if ts for t, p, b in zip(ts, ps, bs)]
+        if xs:
+            out["nixl_transfers"] = len(xs)
+            out["nixl_transfer_p50_s"] = _pct([x[0] for x in xs], 50)
+            out["nixl_post_p50_s"] = _pct([x[1] for x in xs], 50)
+            out["nixl_bytes_p50"] = _pct([x[2] for x in xs], 50)
+            out["nixl_gbps_p50"] = _pct([x[2] / x[0] / 1e9 for x in xs if x[0] > 0], 50)
     return out
 
 
@@ -664,7 +678,7 @@ def run_pipeline(name: str, rep: int, args: argparse.Namespace, wl: dict, work: 
         **per_owner_throughput(cols),
         "startup_s": t0 - t_launch, "process_s": t_end - t_launch,
         "stalls_by_cause": stall_attribution(cols, args.stall_ms / 1e3),
-        "handoff": handoff_parts(cols),
+        "handoff": handoff_parts(cols, run_dir),
         "steps": worker_steps(run_dir, t0, t1),
         "cpu": sampler.window(t0, t1, labels),
         "loadavg_1m_before": load0, "leftover_processes_killed": leftovers,
@@ -889,10 +903,20 @@ def table_disagg_vs_coloc(res: dict[str, list[dict]], wl: str, base: str = "colo
     return "\n".join(lines), facts
 
 
+def _nixl_cell(runs: list[dict]) -> str:
+    runs = [r for r in runs if r["handoff"].get("nixl_transfers")]
+    if not runs:
+        return "-"
+    m = lambda k: med(runs, "handoff", k)  # noqa: E731
+    return (f"{_fmt(m('nixl_transfer_p50_s'), 'ms')}; {_fmt(m('nixl_post_p50_s'), 'ms')}; "
+            f"{m('nixl_bytes_p50') / 2**20:.1f}; {m('nixl_gbps_p50'):.2f}")
+
+
 def table_handoff(res: dict[str, list[dict]]) -> str:
     lines = ["| workload | requests | message p50 / p99 / max (ms) | KV transfer + scheduling p50 / p99 / max (ms) | "
+             "of which NIXL transfer p50 (ms; post ms; MiB; GB/s) | "
              "total p50 / p99 (ms) | first request to arrive: transfer (ms); its extra over the median (ms) |",
-             "|---|---|---|---|---|---|"]
+             "|---|---|---|---|---|---|---|"]
     for wl in ("uniform", "mixed"):
         runs = [r for r in res.get(f"disagg-{wl}", []) if r.get("handoff")]
         if not runs:
@@ -903,7 +927,7 @@ def table_handoff(res: dict[str, list[dict]]) -> str:
         lines.append(
             f"| {wl} | {m('requests'):.0f} | {_fmt(m('message_p50_s'), 'ms')} / {_fmt(m('message_p99_s'), 'ms')} / "
             f"{_fmt(m('message_max_s'), 'ms')} | {_fmt(m('transfer_p50_s'), 'ms')} / {_fmt(m('transfer_p99_s'), 'ms')} / "
-            f"{_fmt(m('transfer_max_s'), 'ms')} | {_fmt(m('total_p50_s'), 'ms')} / {_fmt(m('total_p99_s'), 'ms')} | "
+            f"{_fmt(m('transfer_max_s'), 'ms')} | {_nixl_cell(runs)} | {_fmt(m('total_p50_s'), 'ms')} / {_fmt(m('total_p99_s'), 'ms')} | "
             f"{_fmt(m('transfer_first_s'), 'ms')}; {_fmt(m('transfer_first_extra_s'), 'ms')} |")
     return "\n".join(lines)
 

@@ -32,6 +32,7 @@ import shutil
 import uuid
 from dataclasses import dataclass, fields
 from pathlib import Path
+from typing import Any, Callable
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -126,12 +127,17 @@ class RowCheckpoint:
 
     Each batch of ``every`` finished rows becomes one Parquet file in ``directory`` (a row index
     column plus the result columns), written under a temporary name and renamed. Rows still in
-    flight when the owner dies are served again.
+    flight when the owner dies are served again. ``with_batch``, when given, receives the
+    ``extra`` records of each batch's rows right after that batch is saved (the owner writes its
+    request metrics there): a row's metrics are written once its result is safe, so a resumed
+    shard never serves a row again that already has metrics.
     """
 
-    def __init__(self, directory: Path, every: int):
+    def __init__(self, directory: Path, every: int,
+                 with_batch: Callable[[list[dict[str, Any]]], None] | None = None):
         self.directory, self.every = Path(directory), max(1, every)
-        self.pending: list[tuple[int, RowResult]] = []
+        self.with_batch = with_batch
+        self.pending: list[tuple[int, RowResult, dict[str, Any] | None]] = []
 
     def load(self) -> dict[int, RowResult]:
         """Finished rows saved by earlier attempts, by row index."""
@@ -142,21 +148,31 @@ class RowCheckpoint:
                 out[row] = RowResult(**rec)
         return out
 
-    async def add(self, row: int, result: RowResult) -> None:
-        self.pending.append((row, result))
+    async def add(self, row: int, result: RowResult, extra: dict[str, Any] | None = None) -> None:
+        """Record a finished row (and its ``extra`` record for ``with_batch``); save a batch
+        when ``every`` rows are pending."""
+        self.pending.append((row, result, extra))
         if len(self.pending) >= self.every:
-            batch, self.pending = self.pending, []
+            await self.flush()
+
+    async def flush(self) -> None:
+        """Save the pending rows now (the shard's last, partial batch)."""
+        batch, self.pending = self.pending, []
+        if batch:
             await asyncio.to_thread(self._write, batch)
 
-    def _write(self, batch: list[tuple[int, RowResult]]) -> None:
+    def _write(self, batch: list[tuple[int, RowResult, dict[str, Any] | None]]) -> None:
         self.directory.mkdir(parents=True, exist_ok=True)
-        cols = {"row": pa.array([r for r, _ in batch], pa.int64())}
+        cols = {"row": pa.array([r for r, _, _ in batch], pa.int64())}
         for f in RESULT_SCHEMA:
-            cols[f.name] = pa.array([getattr(res, f.name) for _, res in batch], f.type)
+            cols[f.name] = pa.array([getattr(res, f.name) for _, res, _ in batch], f.type)
         name = f"part-{uuid.uuid4().hex}.parquet"
         tmp = self.directory / f".{name}.tmp"
         pq.write_table(pa.table(cols), tmp)
         tmp.rename(self.directory / name)
+        extras = [e for _, _, e in batch if e is not None]
+        if self.with_batch is not None and extras:
+            self.with_batch(extras)
 
     def clear(self) -> None:
         """Drop the checkpoints once the output shard is in place."""

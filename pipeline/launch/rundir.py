@@ -101,10 +101,14 @@ class RunDir:
         return self.path / "logs"
 
     # -- decode endpoints ---------------------------------------------------------------------
-    def publish_decode(self, rank: int, endpoint: str, worker: str) -> None:
-        """Publish (or refresh: the time written is the worker's heartbeat) a decode endpoint."""
+    def publish_decode(self, rank: int, endpoint: str, worker: str,
+                       kv_capacity_tokens: int | None = None) -> None:
+        """Publish (or refresh: the time written is the worker's heartbeat) a decode endpoint.
+        ``kv_capacity_tokens``: the tokens its KV cache holds (blocks x block size), which
+        prefill workers route by."""
         write_json(self.path / "decode" / f"rank-{rank}.json",
-                   {"endpoint": endpoint, "worker": worker, "heartbeat": time.time()})
+                   {"endpoint": endpoint, "worker": worker, "heartbeat": time.time(),
+                    "kv_capacity_tokens": kv_capacity_tokens})
 
     def decode_endpoints(self) -> dict[int, dict[str, str]]:
         out = {}

@@ -20,7 +20,8 @@ from pipeline.roles.auth import Unauthenticated, sign, verify
 from pipeline.roles.channel import Handoff, Result, decode, encode
 from pipeline.metrics import StepRecorder
 from pipeline.roles.engine import (
-    FirstTokenTimeout, build_engine, is_worker_failure, sampling_params, stream, worker_id,
+    FirstTokenTimeout, build_engine, is_worker_failure, kv_capacity_tokens, sampling_params, stream,
+    worker_id,
 )
 
 log = logging.getLogger(__name__)
@@ -49,12 +50,13 @@ async def _decode(run: RunDir, rank: int, cpus: str | None) -> str:
     # Publishing (again, after a requeue) is what lets prefill workers find this rank; refreshing
     # it every 2 s is the heartbeat that tells them this rank is alive.
     endpoint = f"tcp://{host}:{port}"
-    run.publish_decode(rank, endpoint, worker)
+    capacity = kv_capacity_tokens(engine)
+    run.publish_decode(rank, endpoint, worker, capacity)
 
     async def heartbeat() -> None:
         while True:
             await asyncio.sleep(2.0)
-            await asyncio.to_thread(run.publish_decode, rank, endpoint, worker)
+            await asyncio.to_thread(run.publish_decode, rank, endpoint, worker, capacity)
 
     beating = asyncio.create_task(heartbeat())
     secret = run.secret()

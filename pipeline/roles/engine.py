@@ -233,6 +233,15 @@ def kv_bytes_per_token(cfg: Config) -> int:
     return kv_bytes_per_token_from_hf(hf, cfg.model.dtype)
 
 
+def kv_capacity_tokens(engine: "AsyncLLM") -> int | None:
+    """Tokens the engine's KV cache holds (KV blocks x block size, as vLLM sized it at start;
+    None if vLLM did not report it)."""
+    cache = engine.vllm_config.cache_config
+    if not cache.num_gpu_blocks or not cache.block_size:
+        return None
+    return int(cache.num_gpu_blocks) * int(cache.block_size)
+
+
 def worker_id(role: str, index: int) -> str:
     """``"<role>-<index>@<host>"``: names a worker in output rows, logs and the run directory."""
     return f"{role}-{index}@{socket.gethostname()}"

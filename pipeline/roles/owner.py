@@ -86,13 +86,15 @@ async def _own_shard(run: RunDir, cfg: Config, shard: Shard, worker: str, tokeni
                    f"(columns: {', '.join(table.column_names)}); set job.text_column")
         prompts = [Prompt(row=i, key=k, error=missing) for i, k in enumerate(keys)]
 
-    checkpoint = RowCheckpoint(run.path / "checkpoints" / shard.name, job.checkpoint_rows)
+    # Request metrics are written with each checkpoint batch, once their rows' results are saved.
+    checkpoint = RowCheckpoint(run.path / "checkpoints" / shard.name, job.checkpoint_rows,
+                               with_batch=lambda records: write_request_metrics(run.path, shard.name, records))
     resumed = checkpoint.load()
-    metrics: list[dict] = []  # request metrics not yet written; written with each checkpoint batch
 
     async def one(p: Prompt) -> RowResult:
         if p.row in resumed:
             return resumed[p.row]
+        metrics = None
         if p.error is not None:
             result = RowResult(error=p.error, prefill_worker=worker)
         else:
@@ -108,20 +110,15 @@ async def _own_shard(run: RunDir, cfg: Config, shard: Shard, worker: str, tokeni
                 result.prompt_tokens = len(p.token_ids)
                 result.prompt_truncated = p.truncated
                 result.passage_ids, result.passage_scores = p.passage_ids, p.passage_scores
-                metrics.append({
+                metrics = {
                     **(result.metrics or {"prefill_start": t0, "tries": 1}),
                     "key": p.key, "shard": shard.name, "row": p.row, "read_at": t_read,
                     "prefill_worker": result.prefill_worker, "decode_worker": result.decode_worker,
                     "prompt_tokens": result.prompt_tokens, "output_tokens": result.output_tokens,
                     "kv_tokens": result.kv_tokens, "kv_bytes": result.kv_bytes, "error": result.error,
-                })
+                }
         progress.add(rows=1, output_tokens=result.output_tokens)
-        if len(metrics) >= job.checkpoint_rows:
-            # Take the batch before awaiting: other rows append meanwhile.
-            batch = metrics[:]
-            del metrics[:]
-            await asyncio.to_thread(write_request_metrics, run.path, shard.name, batch)
-        await checkpoint.add(p.row, result)
+        await checkpoint.add(p.row, result, metrics)
         return result
 
     progress.add(rows=len(resumed), output_tokens=sum(r.output_tokens for r in resumed.values()))
@@ -136,7 +133,7 @@ async def _own_shard(run: RunDir, cfg: Config, shard: Shard, worker: str, tokeni
     finally:
         for t in tasks.values():
             t.cancel()
-    await asyncio.to_thread(write_request_metrics, run.path, shard.name, metrics.copy())
+    await checkpoint.flush()  # the last rows' metrics
     table_out = build_output(table, ids, job.id_column, job.text_column, results, rag=job.rag is not None)
     await asyncio.to_thread(write_atomic, table_out, output_url(run.output_dir(), shard))
     checkpoint.clear()

@@ -60,9 +60,16 @@ class DecodeLost(RuntimeError):
     """The decode worker holding a hand-off died or was restarted; the row must be served again."""
 
 
+class KVTooLarge(ValueError):
+    """A request's KV (prompt + new tokens) exceeds the KV cache of every decode worker: no
+    worker could ever hold it, so it must not be handed off (it would wait forever)."""
+
+
 class DecodeClients:
-    """Connections to the decode workers. :meth:`handoff` sends to the live worker with the
-    fewest requests in flight and waits for its :class:`Result`.
+    """Connections to the decode workers. :meth:`handoff` sends to the live worker with the most
+    free KV cache and waits for its :class:`Result`. Admission counts KV tokens, not requests:
+    a worker's load is the KV its hand-offs in flight will reach (prompt + new tokens each) as a
+    fraction of the tokens its KV cache holds (published by the worker at start).
 
     A monitor re-reads the decode endpoints every second: a worker whose heartbeat (in its
     endpoint file) is older than ``dead_after_s`` seconds is dead, one that published a new
@@ -77,6 +84,8 @@ class DecodeClients:
         self.sockets: dict[int, zmq.asyncio.Socket] = {}
         self.receivers: dict[int, asyncio.Task] = {}
         self.inflight: dict[int, dict[str, asyncio.Future]] = {}
+        self.inflight_tokens: dict[int, int] = {}  # rank -> KV tokens its hand-offs in flight reach
+        self.capacity: dict[int, int | None] = {}  # rank -> tokens its KV cache holds
         self.live: set[int] = set()
         self.changed = asyncio.Event()
         self._refresh()
@@ -86,6 +95,7 @@ class DecodeClients:
         now = time.time()
         for rank, ep in self.run.decode_endpoints().items():
             alive = now - ep.get("heartbeat", now) < self.dead_after_s
+            self.capacity[rank] = ep.get("kv_capacity_tokens")
             if ep["endpoint"] != self.endpoints.get(rank):
                 self._drop(rank, f"decode rank {rank} restarted")
                 s = self.ctx.socket(zmq.DEALER)
@@ -124,9 +134,24 @@ class DecodeClients:
             if fut is not None and not fut.done():
                 fut.set_result(msg)
 
-    async def _pick(self, wait_s: float, route: str | None = None) -> int:
+    def check_fits(self, kv_tokens: int) -> None:
+        """Raise :class:`KVTooLarge` if no known decode worker's KV cache holds ``kv_tokens``
+        tokens (nothing is known before the first worker publishes its capacity)."""
+        known = [c for c in self.capacity.values() if c]
+        if known and kv_tokens > max(known):
+            raise KVTooLarge(
+                f"the request needs KV for {kv_tokens} tokens (prompt + max new tokens) but the largest "
+                f"decode worker's KV cache holds {max(known)} tokens; shorten the prompt "
+                f"(job.max_prompt_tokens), lower job.sampling.max_new_tokens, or give decode more KV cache")
+
+    async def _pick(self, wait_s: float, route: str | None = None, kv_tokens: int = 0) -> int:
         deadline = time.monotonic() + wait_s
-        while not self.live:
+        while True:
+            fits = {r for r in self.live if (self.capacity.get(r) or kv_tokens) >= kv_tokens}
+            if fits:
+                break
+            if self.live:  # live workers, none big enough; raises unless a capacity is unknown
+                self.check_fits(kv_tokens)
             self.changed.clear()
             left = deadline - time.monotonic()
             if left <= 0:
@@ -139,22 +164,28 @@ class DecodeClients:
             # Prefix-aware: the same prefix always meets the same live worker (rendezvous
             # hashing: when a worker dies, only its prefixes move), whose prefix cache then
             # already holds the shared blocks and takes less KV over NIXL.
-            return max(self.live, key=lambda r: hashlib.blake2b(f"{r}/{route}".encode(), digest_size=8).digest())
-        return min(self.live, key=lambda r: len(self.inflight.get(r, {})))
+            return max(fits, key=lambda r: hashlib.blake2b(f"{r}/{route}".encode(), digest_size=8).digest())
+        if all(self.capacity.get(r) for r in fits):
+            # Least loaded by KV: (tokens in flight + this request's) / capacity; ties by rank.
+            return min(fits, key=lambda r: ((self.inflight_tokens.get(r, 0) + kv_tokens) / self.capacity[r], r))
+        return min(fits, key=lambda r: (len(self.inflight.get(r, {})), r))
 
     async def handoff(self, h: Handoff, wait_s: float, route: str | None = None) -> Result:
-        """Send ``h`` to a live decode worker (waiting up to ``wait_s`` seconds for one); return
-        its result. ``route`` (a prompt-prefix key) picks the worker by hashing; without it the
-        worker with the fewest hand-offs in flight is chosen.
+        """Send ``h`` to a live decode worker whose KV cache can hold it (waiting up to ``wait_s``
+        seconds for one); return its result. ``route`` (a prompt-prefix key) picks among them by
+        hashing; without it the worker with the most free KV is chosen.
 
         Raises:
+            KVTooLarge: no live decode worker's KV cache holds prompt + ``max_tokens`` tokens.
             DecodeLost: that worker died or restarted before answering.
             DecodeUnavailable: no decode worker was alive for ``wait_s`` seconds.
             TimeoutError: no result within ``transport.handoff_timeout_s`` seconds.
         """
-        rank = await self._pick(wait_s, route)
+        need = len(h.prompt_token_ids) + h.max_tokens
+        rank = await self._pick(wait_s, route, need)
         fut = asyncio.get_running_loop().create_future()
         self.inflight.setdefault(rank, {})[h.key] = fut
+        self.inflight_tokens[rank] = self.inflight_tokens.get(rank, 0) + need
         try:
             await self.sockets[rank].send(sign(self.secret, encode(h)))
             return await asyncio.wait_for(fut, self.timeout_s)
@@ -162,6 +193,7 @@ class DecodeClients:
             raise TimeoutError(f"decode rank {rank} gave no result within {self.timeout_s:.0f} s") from None
         finally:
             self.inflight.get(rank, {}).pop(h.key, None)
+            self.inflight_tokens[rank] = self.inflight_tokens.get(rank, 0) - need
 
     def close(self) -> None:
         self.monitor.cancel()
@@ -199,6 +231,8 @@ async def _prefill(run: RunDir, task: int, n_tasks: int, cpus: str | None) -> st
 
         async def serve(p: Prompt) -> RowResult:
             tries = cfg.transport.handoff_retries + 1
+            # A request no decode worker can hold is an error row before it costs a prefill.
+            clients.check_fits(len(p.token_ids) + cfg.job.sampling.max_new_tokens)
             for n in range(tries):
                 rid = request_id(p.key, n)
                 t0 = time.time()
