@@ -47,6 +47,19 @@ def test_request_metrics_agree_with_the_output_and_vllm_counters(push_run):
     assert max(s["running"] for s in decode) >= 2  # continuous batching did batch
 
 
+def test_nixl_telemetry_counts_the_whole_blocks_of_every_request(push_run):
+    """NIXL's own telemetry (recorded per step on the prefill worker, which WRITEs in push mode)
+    against a hand count: each request's KV moves as whole KV blocks of 128 tokens (vLLM-CPU's
+    default block size), 46,080 B per token (float32: 2 x 30 layers x 3 KV heads x 64 x 4 B)."""
+    m = read_request_metrics(push_run.run_dir).to_pylist()
+    w = [s for s in read_worker_metrics(push_run.run_dir).to_pylist() if s["role"] == "prefill"]
+    sizes = sorted(b for s in w for b in (s["kv_transfer_bytes"] or []))
+    durations = [t for s in w for t in (s["kv_transfer_s"] or [])]
+    want = sorted(-(-r["kv_tokens"] // 128) * 128 * 46080 for r in m)
+    assert sizes == want  # one transfer per request, of exactly its blocks
+    assert len(durations) == 24 and all(0 < t < 60 for t in durations)
+
+
 def test_run_wrote_its_report_and_stalls_match_the_raw_token_times(push_run):
     report_dir = push_run.run_dir / "report"
     r = json.loads((report_dir / "report.json").read_text())
