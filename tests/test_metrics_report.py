@@ -60,6 +60,14 @@ def test_nixl_telemetry_counts_the_whole_blocks_of_every_request(push_run):
     assert len(durations) == 24 and all(0 < t < 60 for t in durations)
 
 
+def test_decode_publishes_the_kv_capacity_it_is_routed_by(push_run):
+    """The KV cache size a decode worker publishes (prefill workers route by it) against a hand
+    count: model.kv_cache_gib = 1 GiB of 128-token blocks of 46,080 B per token (float32)
+    -> floor(2^30 / (128 x 46,080)) = 182 blocks = 23,296 tokens."""
+    eps = json.loads((push_run.run_dir / "decode" / "rank-0.json").read_text())
+    assert eps["kv_capacity_tokens"] == (2**30 // (128 * 46080)) * 128 == 23296
+
+
 def test_run_wrote_its_report_and_stalls_match_the_raw_token_times(push_run):
     report_dir = push_run.run_dir / "report"
     r = json.loads((report_dir / "report.json").read_text())
