@@ -111,6 +111,9 @@ CONFIGS = {
     # before pipeline.kv.connector: NIXL's progress thread busy-polls (transport.nixl_progress_delay_us=0)
     "disaggspin-uniform": ("disaggspin", "uniform", "disaggregated, NIXL progress thread spinning"),
     "disaggspin-mixed": ("disaggspin", "mixed", "disaggregated, NIXL progress thread spinning"),
+    # prefill engine steps of at most 512 tokens (model.prefill_chunk_tokens; default: vLLM's 2048)
+    "disaggchunk-uniform": ("disaggchunk", "uniform", "disaggregated, prefill chunks of 512 tokens"),
+    "disaggchunk-mixed": ("disaggchunk", "mixed", "disaggregated, prefill chunks of 512 tokens"),
 }
 
 SHORT_MIN_CHARS, SHORT_MAX_CHARS = 600, 1200
@@ -636,7 +639,8 @@ def pipeline_overrides(name: str, args: argparse.Namespace, wl: dict) -> tuple[l
             {c[0]: "colocated-0", c[1]: "colocated-1"}
     if name.startswith("disagg"):
         c = cpu_slices(2, "partition")
-        spin = ["transport.nixl_progress_delay_us=0"] if name.startswith("disaggspin") else []
+        spin = (["transport.nixl_progress_delay_us=0"] if name.startswith("disaggspin") else
+                ["model.prefill_chunk_tokens=512"] if name.startswith("disaggchunk") else [])
         return base + ["pools=disaggregated", "pools.prefill=1", "pools.decode=1",
                        f"job.batch_rows={args.inflight}"] + spin, {c[0]: "prefill-0", c[1]: "decode-0"}
     raise ValueError(name)
@@ -1023,7 +1027,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--dtype", default="bfloat16", help="model.dtype (default bfloat16)")
     ap.add_argument("--only", default="raw,coloc,disagg",
                     help="parts: raw, coloc (= coloc1 + coloc2), coloc1, coloc2, disagg, disaggspin "
-                         "(disaggregated with NIXL's busy-polling progress thread, as before; not in the default)")
+                         "(disaggregated with NIXL's busy-polling progress thread, as before), disaggchunk (prefill "
+                         "chunks of 512 tokens); the last two are not in the default")
     ap.add_argument("--workloads", default="uniform,mixed", help="for coloc2/disagg (default uniform,mixed)")
     ap.add_argument("--stall-ms", type=float, default=60.0, help="stall threshold (default 60)")
     ap.add_argument("--sample-s", type=float, default=1.0, help="CPU sampling interval (default 1 s)")
@@ -1042,7 +1047,7 @@ def main(argv: list[str] | None = None) -> int:
         _raw_main(*args._raw)
         return 0
     parts = {p.strip() for p in args.only.split(",") if p.strip()}
-    bad = parts - {"raw", "coloc", "coloc1", "coloc2", "disagg", "disaggspin"}
+    bad = parts - {"raw", "coloc", "coloc1", "coloc2", "disagg", "disaggspin", "disaggchunk"}
     if bad:
         ap.error(f"--only: unknown part(s) {sorted(bad)}")
     wls = {w.strip() for w in args.workloads.split(",") if w.strip()}
@@ -1112,6 +1117,9 @@ def main(argv: list[str] | None = None) -> int:
             out += [f"## 2{'a' if w == 'uniform' else 'b'}. Disaggregated vs colocated, same 2 cores: {w} workload",
                     "", text, ""]
     for w in ("uniform", "mixed"):
+        if f"disaggchunk-{w}" in results and f"disagg-{w}" in results:
+            text, _ = table_disagg_vs_coloc(results, w, "disaggchunk", "disaggregated, prefill chunks of 512 tokens")
+            out += [f"## 2e. Prefill chunk: 512 tokens vs vLLM's default: {w} workload", "", text, ""]
         if f"disaggspin-{w}" in results and f"disagg-{w}" in results:
             text, _ = table_disagg_vs_coloc(results, w, "disaggspin", "disaggregated, NIXL progress thread spinning (before)")
             out += [f"## 2{'c' if w == 'uniform' else 'd'}. NIXL progress thread: spinning (before) vs "

@@ -121,8 +121,15 @@ class ModelConfig:
     kv_cache_gib: float = 1.0
     gpu_memory_utilization: float = 0.3
     enforce_eager: bool = False
+    # vLLM's max_num_batched_tokens for prefill engines (null: vLLM's default, 2048 on CPU): the
+    # most prompt tokens one prefill step computes. A finished request's KV leaves the prefill
+    # worker between its engine steps, so a smaller chunk lets hand-offs start sooner when long
+    # prompts are being prefilled (BENCHMARKS.md).
+    prefill_chunk_tokens: Optional[int] = None
 
     def __post_init__(self) -> None:
+        _check(self.prefill_chunk_tokens is None or self.prefill_chunk_tokens >= 16, "model.prefill_chunk_tokens",
+               f"must be >= 16 or null, got {self.prefill_chunk_tokens}")
         _check(bool(self.path or self.source), "model.path", "set a model directory or hub id")
         _check(self.max_model_len >= 16, "model.max_model_len", f"must be >= 16, got {self.max_model_len}")
         _check(self.prefill_tp >= 1 and self.decode_tp >= 1, "model.prefill_tp", "TP sizes must be >= 1")

@@ -71,6 +71,8 @@ def build_engine(cfg: Config, role: Role, *, cpus: str | None,
         )
     if cfg.model.block_size:
         kwargs["block_size"] = cfg.model.block_size
+    if role == "prefill" and cfg.model.prefill_chunk_tokens:
+        kwargs["max_num_batched_tokens"] = cfg.model.prefill_chunk_tokens
     tp = cfg.model.decode_tp if role == "decode" else cfg.model.prefill_tp
     args = AsyncEngineArgs(
         model=model_path(cfg),
