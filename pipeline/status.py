@@ -34,7 +34,8 @@ def status_text(run: RunDir) -> str:
     for rank, d in sorted(run.decode_endpoints().items()):
         age = now - d.get("heartbeat", 0)
         state = "alive" if age < 10 else "silent (ended, or dead)"
-        lines.append(f"  decode rank {rank} {d['worker']}: {state}, last heartbeat {age:.0f} s ago")
+        kv = f", KV cache {d['kv_capacity_tokens']} tokens" if d.get("kv_capacity_tokens") else ""
+        lines.append(f"  decode rank {rank} {d['worker']}: {state}, last heartbeat {age:.0f} s ago{kv}")
     for name, f in failed.items():
         lines.append(f"  failed {name}: {f['error']}")
     return "\n".join(lines)
