@@ -141,12 +141,13 @@ class DecodeClients:
         if known and kv_tokens > max(known):
             raise KVTooLarge(
                 f"the request needs KV for {kv_tokens} tokens (prompt + max new tokens) but the largest "
-                f"decode worker's KV cache holds {max(known)} tokens; shorten the prompt "
-                f"(job.max_prompt_tokens), lower job.sampling.max_new_tokens, or give decode more KV cache")
+                f"decode worker's KV cache holds {max(known)} tokens; shorten the prompt, lower "
+                f"job.sampling.max_new_tokens, or give decode more KV cache (model.kv_cache_gib)")
 
     async def _pick(self, wait_s: float, route: str | None = None, kv_tokens: int = 0) -> int:
         deadline = time.monotonic() + wait_s
         while True:
+            # Live workers big enough for this request (a worker of unknown size counts as one).
             fits = {r for r in self.live if (self.capacity.get(r) or kv_tokens) >= kv_tokens}
             if fits:
                 break
