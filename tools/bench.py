@@ -477,13 +477,13 @@ def stall_attribution(cols: dict[str, list], stall_s: float) -> dict[str, Any]:
     return {k: {"count": len(v), "max_s": max(v) if v else None} for k, v in causes.items()}
 
 
-def handoff_parts(cols: dict[str, list], run_dir: Path | None = None) -> dict[str, Any] | None:
+def handoff_parts(cols: dict[str, list], steps: dict[str, list] | None = None) -> dict[str, Any] | None:
     """Per disaggregated request: ``message`` = decode_arrived_at - prefill_end, ``transfer`` =
     token_times[0] - decode_arrived_at (KV transfer + decode scheduling + the 1-token step),
     ``total`` = their sum; p50/p99/max of each, and the first-arrived request's extra over the
-    median (the one-time NIXL handshake estimate). With ``run_dir``, also NIXL's own telemetry
-    of each KV transfer (RUN_DIR/metrics/workers: ``nixl_*``: seconds from post to completion,
-    seconds to post, bytes, GB/s of each transfer; p50 over transfers)."""
+    median (the one-time NIXL handshake estimate). With ``steps`` (the run's worker metrics
+    columns), also NIXL's own telemetry of each KV transfer (``nixl_*``: seconds from post to
+    completion, seconds to post, bytes, GB/s of each transfer; p50 over transfers)."""
     rows = []
     for pe, da, tt in zip(cols["prefill_end"], cols["decode_arrived_at"], cols["token_times"]):
         if pe is not None and da is not None and tt:
@@ -499,11 +499,8 @@ def handoff_parts(cols: dict[str, list], run_dir: Path | None = None) -> dict[st
         out[f"{k}_max_s"] = max(vals)
         out[f"{k}_first_s"] = rows[0][idx]
         out[f"{k}_first_extra_s"] = rows[0][idx] - statistics.median(vals)
-    if run_dir is not None:
-        from pipeline.metrics import read_worker_metrics
-
-        w = read_worker_metrics(run_dir).to_pydict()
-        xs = [(t, p, b) for ts, ps, bs in zip(w["kv_transfer_s"], w["kv_post_s"], w["kv_transfer_bytes"])
+    if steps is not None:
+        xs = [(t, p, b) for ts, ps, bs in zip(steps["kv_transfer_s"], steps["kv_post_s"], steps["kv_transfer_bytes"])
               if ts for t, p, b in zip(ts, ps, bs)]
         if xs:
             out["nixl_transfers"] = len(xs)
@@ -532,12 +529,9 @@ def per_owner_throughput(cols: dict[str, list]) -> dict[str, Any]:
     return {"output_tokens_per_s_per_owner_sum": rate, "owner_start_skew_s": max(starts) - min(starts)}
 
 
-def worker_steps(run_dir: Path, t0: float, t1: float) -> dict[str, Any]:
+def worker_steps(w: dict[str, list], t0: float, t1: float) -> dict[str, Any]:
     """Per worker: engine steps recorded, steps that computed no token, and steps per second of
-    the window, from RUN_DIR/metrics/workers."""
-    from pipeline.metrics import read_worker_metrics
-
-    w = read_worker_metrics(run_dir).to_pydict()
+    the window, from the run's worker metrics columns (RUN_DIR/metrics/workers)."""
     out: dict[str, dict[str, Any]] = {}
     for i, name in enumerate(w["worker"]):
         d = out.setdefault(name.split("@")[0], {"steps": 0, "idle_steps": 0, "steps_in_window": 0})
@@ -647,7 +641,7 @@ def pipeline_overrides(name: str, args: argparse.Namespace, wl: dict) -> tuple[l
 
 
 def run_pipeline(name: str, rep: int, args: argparse.Namespace, wl: dict, work: Path) -> dict[str, Any]:
-    from pipeline.metrics import read_request_metrics
+    from pipeline.metrics import read_request_metrics, read_worker_metrics
     from pipeline.report import summarize_run
 
     overrides, roles = pipeline_overrides(name, args, wl)
@@ -669,6 +663,7 @@ def run_pipeline(name: str, rep: int, args: argparse.Namespace, wl: dict, work: 
                        f"{log.read_text()[-1500:]}")
     rep_ = summarize_run(run_dir, args.stall_ms / 1e3)
     cols = read_request_metrics(run_dir).to_pydict()
+    steps = read_worker_metrics(run_dir).to_pydict()
     t0 = min(x for x in cols["read_at"] if x is not None)
     p0 = min(x for x in cols["prefill_start"] if x is not None)
     t1 = max(tt[-1] for tt in cols["token_times"] if tt)
@@ -682,8 +677,8 @@ def run_pipeline(name: str, rep: int, args: argparse.Namespace, wl: dict, work: 
         **per_owner_throughput(cols),
         "startup_s": t0 - t_launch, "process_s": t_end - t_launch,
         "stalls_by_cause": stall_attribution(cols, args.stall_ms / 1e3),
-        "handoff": handoff_parts(cols, run_dir),
-        "steps": worker_steps(run_dir, t0, t1),
+        "handoff": handoff_parts(cols, steps),
+        "steps": worker_steps(steps, t0, t1),
         "cpu": sampler.window(t0, t1, labels),
         "loadavg_1m_before": load0, "leftover_processes_killed": leftovers,
         "itl_zero_gap_fraction": rep_["itl_zero_gaps"] / rep_["itl_gaps"] if rep_["itl_gaps"] else None,
