@@ -4,7 +4,7 @@ NIXL's Python ``nixl_agent`` always creates its C++ agent with ``pthrDelay = 0``
 backend's progress thread then calls ``poll()`` on UCX's event descriptors with a zero timeout,
 in a loop, and takes a whole core even when nothing moves. On a node where each worker has one
 core (the colocated-vs-disaggregated comparison in ``tools/bench.py``), that thread takes
-0.5-0.8 of the core the model runs on (BENCHMARKS.md, "Why"). With a positive delay the thread
+0.5-0.8 of the core the model runs on (BENCHMARKS.md, "Fix: NIXL's progress thread sleeps instead of spinning"). With a positive delay the thread
 blocks in ``poll()`` for up to that many microseconds and wakes at once when UCX signals
 an event, so transfers still progress in the background.
 
