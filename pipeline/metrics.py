@@ -27,6 +27,8 @@ kv_bytes            int64          kv_tokens x KV bytes per token
 prefix_cached_tokens int64         prompt tokens the prefill engine found in its prefix cache
 tries               int32          times the row was prefilled (> 1 after a lost hand-off)
 error               string         null unless the row failed while being served
+capacity_wait_s     float64        seconds the prefill worker waited for DRAM-tier slots before the
+                                   prefill (``offload=dram``; null otherwise)
 ==================  =============  ======================================================
 
 Derived (see :func:`request_summary`): TTFT = ``token_times[0] - prefill_start``; ITL = the
@@ -49,6 +51,13 @@ prompt_tokens       int32      prompt tokens computed in the step
 generation_tokens   int32      output tokens produced in the step
 prefix_cache_queries int64     prompt tokens looked up in the local prefix cache in the step
 prefix_cache_hits   int64      of those, tokens found (their KV neither computed nor received)
+kv_post_s           list       per KV transfer this worker initiated that completed in the step:
+kv_transfer_s       list         seconds posting it, seconds from post to completion,
+kv_transfer_bytes   list         bytes moved (NIXL's telemetry)
+kv_held_s           list       offload=dram: seconds from prefill end to its KV write completing
+kv_freed_s          list       offload=dram: seconds from prefill end to vLLM freeing its blocks
+prompt_tokens_computed int32   prompt tokens computed in the step (not cached, not received)
+preempted           int32      requests preempted in the step
 ==================  =========  ============================================================
 
 vLLM's prefix-cache hit rate of a worker = sum(prefix_cache_hits) / sum(prefix_cache_queries).
@@ -82,6 +91,7 @@ REQUEST_SCHEMA = pa.schema([
     ("prefix_cached_tokens", pa.int64()),
     ("tries", pa.int32()),
     ("error", pa.string()),
+    ("capacity_wait_s", pa.float64()),
 ])
 
 WORKER_SCHEMA = pa.schema([
@@ -101,6 +111,16 @@ WORKER_SCHEMA = pa.schema([
     ("kv_post_s", pa.list_(pa.float64())),
     ("kv_transfer_s", pa.list_(pa.float64())),
     ("kv_transfer_bytes", pa.list_(pa.int64())),
+    # offload=dram, prefill worker: per completed write, seconds from the prefill request
+    # finishing to its KV blocks being released to vLLM (waiting to post + transfer).
+    ("kv_held_s", pa.list_(pa.float64())),
+    # offload=dram, prefill worker: per request whose blocks vLLM freed (at the end of the step
+    # in which the write completed), seconds from the prefill request finishing to that.
+    ("kv_freed_s", pa.list_(pa.float64())),
+    # prompt tokens the engine computed itself in the step (vLLM's PromptTokenStats.computed:
+    # neither prefix-cached nor received), and requests it preempted in the step.
+    ("prompt_tokens_computed", pa.int32()),
+    ("preempted", pa.int32()),
 ])
 
 FLUSH_EVERY_S = 30.0
@@ -171,6 +191,8 @@ class StepRecorder:
             s.prefix_cache_stats.queries if s is not None and s.prefix_cache_stats else 0,
             s.prefix_cache_stats.hits if s is not None and s.prefix_cache_stats else 0,
             *_nixl_transfers(s),
+            iteration_stats.prompt_token_stats.computed if iteration_stats is not None else 0,
+            iteration_stats.num_preempted_reqs if iteration_stats is not None else 0,
         ))
         if time.monotonic() - self.flushed_at > FLUSH_EVERY_S:
             self.flush()
@@ -196,6 +218,10 @@ class StepRecorder:
             "kv_post_s": pa.array(cols[8], pa.list_(pa.float64())),
             "kv_transfer_s": pa.array(cols[9], pa.list_(pa.float64())),
             "kv_transfer_bytes": pa.array(cols[10], pa.list_(pa.int64())),
+            "kv_held_s": pa.array(cols[11], pa.list_(pa.float64())),
+            "kv_freed_s": pa.array(cols[12], pa.list_(pa.float64())),
+            "prompt_tokens_computed": pa.array(cols[13], pa.int32()),
+            "preempted": pa.array(cols[14], pa.int32()),
         }, schema=WORKER_SCHEMA)
         try:
             _write(table, self.directory / f"{self.stem}.{self.parts:05d}.parquet")
@@ -204,15 +230,18 @@ class StepRecorder:
             pass
 
 
-def _nixl_transfers(scheduler_stats: Any) -> tuple[list | None, list | None, list | None]:
-    """(post seconds, transfer seconds, bytes) per completed NIXL transfer in vLLM's
-    ``SchedulerStats.kv_connector_stats`` (the NIXL connector's ``NixlKVConnectorStats.data``);
-    None when the step carries none."""
+def _nixl_transfers(scheduler_stats: Any) -> tuple[list | None, ...]:
+    """(post seconds, transfer seconds, bytes, held-after-prefill seconds, freed-after-prefill
+    seconds) per completed KV transfer in vLLM's ``SchedulerStats.kv_connector_stats`` (the NIXL
+    connector's ``NixlKVConnectorStats.data``, or :class:`pipeline.kv.dram_connector.DramTierStats`,
+    which alone has the last two); None where the step carries none."""
     data = getattr(scheduler_stats, "kv_connector_stats", None) or {}
-    if not data.get("transfer_duration"):
-        return None, None, None
-    return (list(data.get("post_duration", ())), list(data["transfer_duration"]),
-            [int(b) for b in data.get("bytes_transferred", ())])
+    sent = bool(data.get("transfer_duration"))
+    return (list(data.get("post_duration", ())) if sent else None,
+            list(data["transfer_duration"]) if sent else None,
+            [int(b) for b in data.get("bytes_transferred", ())] if sent else None,
+            list(data["held_after_prefill"]) if data.get("held_after_prefill") else None,
+            list(data["freed_after_prefill"]) if data.get("freed_after_prefill") else None)
 
 
 def step_recorder_factory(recorder: StepRecorder):

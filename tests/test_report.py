@@ -60,15 +60,12 @@ STEPS = [
 
 
 def _write_steps(run: Path, steps, name: str = "steps") -> None:
-    table = pa.table({
-        "worker": [s[0] for s in steps], "role": [s[1] for s in steps],
-        "t": [T0 + s[2] for s in steps], "running": [s[3] for s in steps],
-        "waiting": [0] * len(steps), "kv_cache_usage": [s[4] for s in steps],
-        "prompt_tokens": [0] * len(steps), "generation_tokens": [1] * len(steps),
-        "prefix_cache_queries": [0] * len(steps), "prefix_cache_hits": [0] * len(steps),
-        "kv_post_s": [None] * len(steps), "kv_transfer_s": [None] * len(steps),
-        "kv_transfer_bytes": [None] * len(steps),
-    }, schema=WORKER_SCHEMA)
+    # Columns not given here (NIXL telemetry, DRAM tier) are null, as in a step that moved no KV.
+    table = pa.Table.from_pylist([{
+        "worker": s[0], "role": s[1], "t": T0 + s[2], "running": s[3], "waiting": 0,
+        "kv_cache_usage": s[4], "prompt_tokens": 0, "generation_tokens": 1,
+        "prefix_cache_queries": 0, "prefix_cache_hits": 0,
+    } for s in steps], schema=WORKER_SCHEMA)
     path = run / "metrics" / "workers" / f"{name}.parquet"
     path.parent.mkdir(parents=True, exist_ok=True)
     pq.write_table(table, path)
@@ -190,8 +187,12 @@ def test_step_recorder_table_is_read(tmp_path):
             self.kv_cache_usage = 0.25
             self.prefix_cache_stats = None
 
-    class It:
-        num_prompt_tokens, num_generation_tokens = 0, 1
+    from vllm.v1.metrics.stats import IterationStats
+
+    def It():  # noqa: N802 (vLLM's own iteration stats: one generated token)
+        it = IterationStats()
+        it.num_generation_tokens = 1
+        return it
 
     run = make_run(tmp_path / "run", steps=None)
     rec = StepRecorder(run, "decode-0@h", "decode")

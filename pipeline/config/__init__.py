@@ -8,7 +8,7 @@ from omegaconf import OmegaConf
 
 from pipeline.config.schema import (
     ClusterConfig, Config, JobConfig, ModelConfig, PoolsConfig, RagConfig, RunConfig, SamplingConfig,
-    TransportConfig, register,
+    OffloadConfig, TransportConfig, register,
 )
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -91,6 +91,6 @@ def from_yaml(path: str | Path) -> Config:
 
 
 __all__ = [
-    "ClusterConfig", "Config", "ConfigError", "JobConfig", "ModelConfig", "PoolsConfig",
+    "ClusterConfig", "Config", "OffloadConfig", "ConfigError", "JobConfig", "ModelConfig", "PoolsConfig",
     "RagConfig", "RunConfig", "SamplingConfig", "TransportConfig", "compose", "from_yaml", "to_yaml",
 ]

@@ -126,6 +126,9 @@ class ModelConfig:
     # worker between its engine steps, so a smaller chunk lets hand-offs start sooner when long
     # prompts are being prefilled (BENCHMARKS.md).
     prefill_chunk_tokens: Optional[int] = None
+    # KV blocks of each decode engine's cache (vLLM's num_gpu_blocks_override); null: as many as
+    # kv_cache_gib / gpu_memory_utilization give. Smaller than that to test a decode pool short of KV.
+    decode_kv_blocks: Optional[int] = None
 
     def __post_init__(self) -> None:
         _check(self.prefill_chunk_tokens is None or self.prefill_chunk_tokens >= 16, "model.prefill_chunk_tokens",
@@ -134,6 +137,8 @@ class ModelConfig:
         _check(self.max_model_len >= 16, "model.max_model_len", f"must be >= 16, got {self.max_model_len}")
         _check(self.prefill_tp >= 1 and self.decode_tp >= 1, "model.prefill_tp", "TP sizes must be >= 1")
         _check(self.kv_cache_gib > 0, "model.kv_cache_gib", f"must be > 0, got {self.kv_cache_gib}")
+        _check(self.decode_kv_blocks is None or self.decode_kv_blocks >= 1, "model.decode_kv_blocks",
+               f"must be >= 1 or null, got {self.decode_kv_blocks}")
         _check(0 < self.gpu_memory_utilization <= 1, "model.gpu_memory_utilization", "must be in (0, 1]")
 
 
@@ -230,6 +235,32 @@ class TransportConfig:
 
 
 @dataclass
+class OffloadConfig:
+    """Where a prefilled request's KV waits for its decode worker (``offload=none|dram|auto``).
+
+    ``none``: in the prefill worker's own KV cache, until the decode worker has allocated blocks
+    for it (vLLM's NIXL connector, ``transport.connector``). ``dram``: in a host-DRAM tier of
+    ``dram_gib`` GiB on each decode worker (:mod:`pipeline.kv.dram`): the prefill worker writes
+    the KV there as soon as its prefill ends and frees its blocks when the write completes, and
+    the decode worker loads it when it admits the request (and reloads it after a preemption
+    instead of recomputing the prompt). ``auto``: ``dram`` when the context is long
+    (``model.max_model_len >= auto_min_context`` tokens), else ``none``."""
+
+    name: str = "auto"
+    mode: str = "auto"
+    dram_gib: float = 4.0  # GiB of host memory per decode worker
+    auto_min_context: int = 8192  # tokens
+
+    def __post_init__(self) -> None:
+        _check(self.mode in ("none", "dram", "auto"), "offload.mode", f"must be none, dram or auto, got {self.mode!r}")
+        _check(self.dram_gib > 0, "offload.dram_gib", f"must be > 0, got {self.dram_gib}")
+
+    def dram(self, max_model_len: int) -> bool:
+        """Whether the DRAM tier is on for a model with this context (tokens)."""
+        return self.mode == "dram" or (self.mode == "auto" and max_model_len >= self.auto_min_context)
+
+
+@dataclass
 class RunConfig:
     """The run directory (on a file system every node sees): ``dir`` when set, else
     ``root/<job>/<timestamp>``."""
@@ -248,7 +279,14 @@ class Config:
     cluster: ClusterConfig = MISSING
     pools: PoolsConfig = MISSING
     transport: TransportConfig = MISSING
+    offload: OffloadConfig = field(default_factory=OffloadConfig)
     run: RunConfig = field(default_factory=RunConfig)
+
+    def __post_init__(self) -> None:
+        if self.pools.mode == "disaggregated" and self.offload.dram(self.model.max_model_len):
+            _check(self.model.prefill_tp == 1 and self.model.decode_tp == 1, "offload.mode",
+                   "the DRAM tier supports TP 1 only for now; set offload=none for "
+                   f"model.prefill_tp={self.model.prefill_tp} / model.decode_tp={self.model.decode_tp}")
 
 
 def register() -> None:
@@ -258,5 +296,5 @@ def register() -> None:
     cs = ConfigStore.instance()
     cs.store(name="schema", node=Config)
     for group, node in [("job", JobConfig), ("model", ModelConfig), ("cluster", ClusterConfig),
-                        ("pools", PoolsConfig), ("transport", TransportConfig)]:
+                        ("pools", PoolsConfig), ("transport", TransportConfig), ("offload", OffloadConfig)]:
         cs.store(group=group, name="schema", node=node)

@@ -102,13 +102,14 @@ class RunDir:
 
     # -- decode endpoints ---------------------------------------------------------------------
     def publish_decode(self, rank: int, endpoint: str, worker: str,
-                       kv_capacity_tokens: int | None = None) -> None:
+                       kv_capacity_tokens: int | None = None, dram_capacity_tokens: int | None = None) -> None:
         """Publish (or refresh: the time written is the worker's heartbeat) a decode endpoint.
         ``kv_capacity_tokens``: the tokens its KV cache holds (blocks x block size), which
-        prefill workers route by."""
+        prefill workers route by; ``dram_capacity_tokens``: the tokens its DRAM tier holds
+        (slots x block size; None without one)."""
         write_json(self.path / "decode" / f"rank-{rank}.json",
                    {"endpoint": endpoint, "worker": worker, "heartbeat": time.time(),
-                    "kv_capacity_tokens": kv_capacity_tokens})
+                    "kv_capacity_tokens": kv_capacity_tokens, "dram_capacity_tokens": dram_capacity_tokens})
 
     def decode_endpoints(self) -> dict[int, dict[str, str]]:
         out = {}

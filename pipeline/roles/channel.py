@@ -61,7 +61,35 @@ class Result(msgspec.Struct, tag="result"):
     retry: bool = False
 
 
-Message = Handoff | Result
+class Reserve(msgspec.Struct, tag="reserve"):
+    """Ask a decode worker for ``blocks`` slots of its DRAM tier for request ``request_id`` of row
+    ``key`` (``offload=dram``), before its prefill starts. Answered by :class:`Reserved`."""
+
+    key: str
+    request_id: str
+    owner: str
+    attempt: float
+    blocks: int
+
+
+class Reserved(msgspec.Struct, tag="reserved"):
+    """The answer to :class:`Reserve`: ``pool`` is what the prefill engine needs to WRITE into the
+    DRAM tier (:meth:`pipeline.kv.dram.DramPool.describe` with the reserved ``"slots"``), or
+    ``error`` says why there is no room."""
+
+    key: str
+    request_id: str
+    pool: Optional[dict[str, Any]]
+    error: Optional[str] = None
+
+
+class Release(msgspec.Struct, tag="release"):
+    """Give back the slots reserved for ``request_id`` (its prefill failed; no hand-off follows)."""
+
+    request_id: str
+
+
+Message = Handoff | Result | Reserve | Reserved | Release
 _encoder = msgspec.msgpack.Encoder()
 _decoder = msgspec.msgpack.Decoder(Message)
 
@@ -72,5 +100,5 @@ def encode(msg: Message) -> bytes:
 
 def decode(data: bytes) -> Message:
     """Decode one message. Raises ``msgspec.DecodeError`` on anything that is not a valid
-    :class:`Handoff` or :class:`Result`."""
+    :data:`Message`."""
     return _decoder.decode(data)

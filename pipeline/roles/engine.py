@@ -61,16 +61,27 @@ def build_engine(cfg: Config, role: Role, *, cpus: str | None,
 
     kwargs = {}
     if role != "colocated":
+        dram = cfg.offload.dram(cfg.model.max_model_len)
         kwargs["kv_transfer_config"] = KVTransferConfig(
-            kv_connector=cfg.transport.connector,
-            # vLLM's connector of that name with a progress thread that sleeps in poll() (pipeline.kv.connector)
-            kv_connector_module_path="pipeline.kv.connector",
+            # offload=dram: KV goes through the decode worker's DRAM tier (pipeline.kv.dram_connector);
+            # else vLLM's NIXL connector of that name with a progress thread that sleeps in poll()
+            # (pipeline.kv.connector).
+            kv_connector="DramTierConnector" if dram else cfg.transport.connector,
+            kv_connector_module_path="pipeline.kv.dram_connector" if dram else "pipeline.kv.connector",
             kv_connector_extra_config={"progress_delay_us": cfg.transport.nixl_progress_delay_us},
             kv_role="kv_producer" if role == "prefill" else "kv_consumer",
             kv_buffer_device="cpu" if _on_cpu() else "cuda",
         )
     if cfg.model.block_size:
         kwargs["block_size"] = cfg.model.block_size
+    if role == "prefill" and cfg.offload.dram(cfg.model.max_model_len):
+        # With async scheduling the engine schedules step N+1 before it has processed step N's
+        # output, so a request that finished in step N gets its blocks written only after step
+        # N+1's forward pass: one whole prefill chunk later (seconds on a CPU). Scheduled in
+        # step, the write starts before the very next forward pass.
+        kwargs["async_scheduling"] = False
+    if role == "decode" and cfg.model.decode_kv_blocks:
+        kwargs["num_gpu_blocks_override"] = cfg.model.decode_kv_blocks
     if role == "prefill" and cfg.model.prefill_chunk_tokens:
         kwargs["max_num_batched_tokens"] = cfg.model.prefill_chunk_tokens
     tp = cfg.model.decode_tp if role == "decode" else cfg.model.prefill_tp

@@ -20,7 +20,7 @@ from pipeline.launch.net import side_channel_port, worker_host
 from pipeline.launch.rundir import RunDir
 from pipeline.metrics import StepRecorder
 from pipeline.roles.auth import Unauthenticated, sign, verify
-from pipeline.roles.channel import Handoff, Result, decode, encode
+from pipeline.roles.channel import Handoff, Release, Reserve, Reserved, Result, decode, encode
 from pipeline.roles.engine import (
     build_engine, kv_bytes_per_token, load_tokenizer, request_id, sampling_params, stream,
     worker_id,
@@ -86,6 +86,7 @@ class DecodeClients:
         self.inflight: dict[int, dict[str, asyncio.Future]] = {}
         self.inflight_tokens: dict[int, int] = {}  # rank -> KV tokens its hand-offs in flight reach
         self.capacity: dict[int, int | None] = {}  # rank -> tokens its KV cache holds
+        self.dram_capacity: dict[int, int | None] = {}  # rank -> tokens its DRAM tier holds
         self.live: set[int] = set()
         self.changed = asyncio.Event()
         self._refresh()
@@ -96,6 +97,7 @@ class DecodeClients:
         for rank, ep in self.run.decode_endpoints().items():
             alive = now - ep.get("heartbeat", now) < self.dead_after_s
             self.capacity[rank] = ep.get("kv_capacity_tokens")
+            self.dram_capacity[rank] = ep.get("dram_capacity_tokens")
             if ep["endpoint"] != self.endpoints.get(rank):
                 self._drop(rank, f"decode rank {rank} restarted")
                 s = self.ctx.socket(zmq.DEALER)
@@ -130,19 +132,29 @@ class DecodeClients:
                 msg = decode(verify(self.secret, await sock.recv()))
             except (Unauthenticated, msgspec.DecodeError):
                 continue
-            fut = self.inflight.get(rank, {}).get(msg.key) if isinstance(msg, Result) else None
+            fut = None
+            if isinstance(msg, Result):
+                fut = self.inflight.get(rank, {}).get(msg.key)
+            elif isinstance(msg, Reserved):
+                fut = self.inflight.get(rank, {}).get(("reserve", msg.request_id))
             if fut is not None and not fut.done():
                 fut.set_result(msg)
 
-    def check_fits(self, kv_tokens: int) -> None:
+    def check_fits(self, kv_tokens: int, prompt_tokens: int | None = None) -> None:
         """Raise :class:`KVTooLarge` if no known decode worker's KV cache holds ``kv_tokens``
-        tokens (nothing is known before the first worker publishes its capacity)."""
+        tokens, or (given ``prompt_tokens``, with the DRAM tier) no worker's DRAM tier holds the
+        prompt's KV (nothing is known before the first worker publishes its capacity)."""
         known = [c for c in self.capacity.values() if c]
         if known and kv_tokens > max(known):
             raise KVTooLarge(
                 f"the request needs KV for {kv_tokens} tokens (prompt + max new tokens) but the largest "
                 f"decode worker's KV cache holds {max(known)} tokens; shorten the prompt, lower "
                 f"job.sampling.max_new_tokens, or give decode more KV cache (model.kv_cache_gib)")
+        dram = [c for c in self.dram_capacity.values() if c]
+        if prompt_tokens is not None and dram and prompt_tokens > max(dram):
+            raise KVTooLarge(
+                f"the prompt's KV ({prompt_tokens} tokens) exceeds the largest decode worker's DRAM tier "
+                f"({max(dram)} tokens); raise offload.dram_gib")
 
     async def _pick(self, wait_s: float, route: str | None = None, kv_tokens: int = 0) -> int:
         deadline = time.monotonic() + wait_s
@@ -171,10 +183,44 @@ class DecodeClients:
             return min(fits, key=lambda r: ((self.inflight_tokens.get(r, 0) + kv_tokens) / self.capacity[r], r))
         return min(fits, key=lambda r: (len(self.inflight.get(r, {})), r))
 
-    async def handoff(self, h: Handoff, wait_s: float, route: str | None = None) -> Result:
+    async def reserve(self, r: Reserve, kv_tokens: int, wait_s: float, route: str | None = None) -> tuple[int, dict]:
+        """Reserve ``r.blocks`` slots of a decode worker's DRAM tier for ``r.request_id``, on the
+        worker the request would be handed to (see :meth:`handoff`). Waits while the tier is
+        full: this is where a prefill worker waits for decode capacity with ``offload=dram``.
+        Returns (the worker's rank, what the prefill engine needs to write there).
+
+        Raises:
+            KVTooLarge: no decode worker could ever hold the request.
+            DecodeLost: that worker died or restarted before answering.
+            DecodeUnavailable: no decode worker was alive for ``wait_s`` seconds.
+            RuntimeError: the worker could not reserve the slots (its reason).
+            TimeoutError: no answer within ``transport.handoff_timeout_s`` seconds.
+        """
+        rank = await self._pick(wait_s, route, kv_tokens)
+        key = ("reserve", r.request_id)
+        fut = asyncio.get_running_loop().create_future()
+        self.inflight.setdefault(rank, {})[key] = fut
+        try:
+            await self.sockets[rank].send(sign(self.secret, encode(r)))
+            ans: Reserved = await asyncio.wait_for(fut, self.timeout_s)
+        except asyncio.TimeoutError:
+            raise TimeoutError(f"decode rank {rank} reserved no DRAM-tier slots within {self.timeout_s:.0f} s") from None
+        finally:
+            self.inflight.get(rank, {}).pop(key, None)
+        if ans.error is not None or ans.pool is None:
+            raise RuntimeError(f"decode rank {rank} could not reserve DRAM-tier slots: {ans.error}")
+        return rank, ans.pool
+
+    async def release(self, rank: int, request_id: str) -> None:
+        """Give back a reservation no hand-off will claim (best effort: the worker also expires it)."""
+        if rank in self.sockets:
+            await self.sockets[rank].send(sign(self.secret, encode(Release(request_id=request_id))))
+
+    async def handoff(self, h: Handoff, wait_s: float, route: str | None = None, rank: int | None = None) -> Result:
         """Send ``h`` to a live decode worker whose KV cache can hold it (waiting up to ``wait_s``
         seconds for one); return its result. ``route`` (a prompt-prefix key) picks among them by
-        hashing; without it the worker with the most free KV is chosen.
+        hashing; without it the worker with the most free KV is chosen. ``rank``: send to this
+        worker (the one holding the request's DRAM-tier reservation) while it is live.
 
         Raises:
             KVTooLarge: no live decode worker's KV cache holds prompt + ``max_tokens`` tokens.
@@ -183,7 +229,8 @@ class DecodeClients:
             TimeoutError: no result within ``transport.handoff_timeout_s`` seconds.
         """
         need = len(h.prompt_token_ids) + h.max_tokens
-        rank = await self._pick(wait_s, route, need)
+        if rank is None or rank not in self.live:
+            rank = await self._pick(wait_s, route, need)
         fut = asyncio.get_running_loop().create_future()
         self.inflight.setdefault(rank, {})[h.key] = fut
         self.inflight_tokens[rank] = self.inflight_tokens.get(rank, 0) + need
@@ -223,24 +270,45 @@ async def _prefill(run: RunDir, task: int, n_tasks: int, cpus: str | None) -> st
     recorder = StepRecorder(run.path, worker, "prefill")
     engine = build_engine(cfg, "prefill", cpus=cpus, side_channel=(host, port), recorder=recorder)
     kv_per_token = kv_bytes_per_token(cfg)
-    prefill_params = sampling_params(cfg.job.sampling, max_tokens=1, kv_transfer_params=REMOTE_DECODE)
     clients = None
     try:
         await wait_for_decode(run, cfg.pools.decode, cfg.transport.connect_timeout_s)
         clients = DecodeClients(run, cfg.transport.handoff_timeout_s, cfg.transport.decode_dead_after_s,
                                 run.secret())
 
+        dram = cfg.offload.dram(cfg.model.max_model_len)
+        block_size = engine.vllm_config.cache_config.block_size
+
         async def serve(p: Prompt) -> RowResult:
             tries = cfg.transport.handoff_retries + 1
+            need = len(p.token_ids) + cfg.job.sampling.max_new_tokens
             # A request no decode worker can hold is an error row before it costs a prefill.
-            clients.check_fits(len(p.token_ids) + cfg.job.sampling.max_new_tokens)
+            clients.check_fits(need, len(p.token_ids) if dram else None)
+            capacity_wait = 0.0
             for n in range(tries):
                 rid = request_id(p.key, n)
+                route = p.prefix_key if n == 0 else None
+                rank, kv_params = None, REMOTE_DECODE
+                if dram:
+                    # Slots in a decode worker's DRAM tier first: the prefill engine writes the KV
+                    # there when the prefill ends and frees its own blocks at once.
+                    t_wait = time.time()
+                    rank, pool = await clients.reserve(Reserve(
+                        key=p.key, request_id=rid, owner=worker, attempt=attempt,
+                        blocks=-(-len(p.token_ids) // block_size)), need, cfg.transport.connect_timeout_s, route)
+                    capacity_wait += time.time() - t_wait
+                    kv_params = {"dram": pool}
                 t0 = time.time()
-                pre = await stream(engine, rid, p.token_ids, prefill_params)
+                try:
+                    pre = await stream(engine, rid, p.token_ids, sampling_params(
+                        cfg.job.sampling, max_tokens=1, kv_transfer_params=kv_params))
+                except BaseException:
+                    if rank is not None:
+                        await clients.release(rank, rid)
+                    raise
                 t_prefilled = time.time()
                 if not pre.kv_transfer_params:
-                    raise RuntimeError("prefill returned no kv_transfer_params; is a NIXL connector configured?")
+                    raise RuntimeError("prefill returned no kv_transfer_params; is a KV connector configured?")
                 try:
                     res = await clients.handoff(Handoff(
                         key=p.key, request_id=rid, owner=worker, attempt=attempt,
@@ -248,7 +316,7 @@ async def _prefill(run: RunDir, task: int, n_tasks: int, cpus: str | None) -> st
                         temperature=cfg.job.sampling.temperature, top_p=cfg.job.sampling.top_p,
                         seed=cfg.job.sampling.seed, kv_transfer_params=pre.kv_transfer_params,
                         prefill_done_at=t_prefilled), wait_s=cfg.transport.connect_timeout_s,
-                        route=p.prefix_key if n == 0 else None)
+                        route=route, rank=rank)
                 except (DecodeLost, TimeoutError) as exc:
                     # The KV this prefill produced is gone with that decode worker (or never
                     # arrived): prefill again and hand off to a live one.
@@ -275,7 +343,8 @@ async def _prefill(run: RunDir, task: int, n_tasks: int, cpus: str | None) -> st
                 prefill_worker=worker, decode_worker=res.decode_worker,
                 metrics={"prefill_start": t0, "prefill_end": t_prefilled,
                          "decode_arrived_at": res.arrived_at, "token_times": res.token_times,
-                         "prefix_cached_tokens": pre.num_cached_tokens, "tries": n + 1},
+                         "prefix_cached_tokens": pre.num_cached_tokens, "tries": n + 1,
+                         "capacity_wait_s": capacity_wait if dram else None},
             )
 
         await own_shards(run, cfg, shards, worker, load_tokenizer(cfg), serve)
