@@ -1,0 +1,105 @@
+"""Long prompts with and without the decode DRAM tier (``offload=none`` vs ``offload=dram``),
+side by side in one run: 1P:1D on this machine (prefill on core 0, decode on core 1), a decode
+KV cache capped at ``--decode-blocks`` blocks so that it holds one long request at a time.
+
+    python tools/bench_dram.py [--rows 8] [--min-tokens 4000] [--max-tokens 7000] \\
+        [--max-new-tokens 256] [--decode-blocks 65] [--repeats 1] [--work DIR]
+
+Per configuration (medians over repeats): output tokens/s over the run's wall time (from the
+run's summary), TTFT p50, and the prefill worker's **idle time waiting for decode capacity**:
+the time its engine had requests waiting while it computed nothing (the gaps between engine
+steps with ``waiting > 0`` and no prompt tokens computed, from its per-step metrics), plus, with
+the DRAM tier, the time its rows waited for DRAM-tier slots before their prefill
+(``capacity_wait_s``). Prints a Markdown table for BENCHMARKS.md.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tools"))
+
+CONFIGS = {"none": ["offload=none"], "dram": ["offload=dram", "offload.dram_gib=4"]}
+
+
+def prefill_idle_s(run_dir: Path) -> float:
+    """Seconds the prefill engine had waiting requests but computed nothing (sum of the intervals
+    ending at such steps)."""
+    from pipeline.metrics import read_worker_metrics
+
+    steps = sorted((r for r in read_worker_metrics(run_dir).to_pylist() if r["role"] == "prefill"),
+                   key=lambda r: r["t"])
+    idle = 0.0
+    for prev, cur in zip(steps, steps[1:]):
+        if (cur["waiting"] or 0) > 0 and not cur["prompt_tokens_computed"]:
+            idle += cur["t"] - prev["t"]
+    return idle
+
+
+def one(work: Path, name: str, args: argparse.Namespace, input_dir: Path, rep: int) -> dict:
+    from pipeline.metrics import read_request_metrics
+
+    run_dir = work / f"{name}-{rep}"
+    cmd = [sys.executable, "-m", "pipeline", "+job=summarize", "model.dtype=float32", "run.progress=false",
+           "model.max_model_len=8192", f"model.decode_kv_blocks={args.decode_blocks}",
+           f"job.sampling.max_new_tokens={args.max_new_tokens}", f"job.input={input_dir}",
+           f"job.output={run_dir / 'out'}", f"run.dir={run_dir / 'run'}", *CONFIGS[name]]
+    t0 = time.time()
+    p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
+    if p.returncode != 0:
+        raise SystemExit(f"{name} failed:\n{p.stdout}\n{p.stderr[-3000:]}")
+    summary = json.loads((run_dir / "run" / "summary.json").read_text())
+    rows = read_request_metrics(run_dir / "run").to_pylist()
+    ttft = statistics.median(r["token_times"][0] - r["prefill_start"] for r in rows if r["token_times"])
+    waits = sum(r["capacity_wait_s"] or 0.0 for r in rows)
+    out_tokens = sum(r["output_tokens"] for r in rows)
+    first = min(r["prefill_start"] for r in rows)
+    last = max(r["token_times"][-1] for r in rows if r["token_times"])
+    return {"config": name, "rep": rep, "wall_s": time.time() - t0, "summary_tok_s": summary.get("output_tok_s"),
+            "tok_s": out_tokens / (last - first), "ttft_p50_s": ttft,
+            "prefill_idle_s": prefill_idle_s(run_dir / "run") + waits, "capacity_wait_s": waits,
+            "output_tokens": out_tokens, "errors": summary.get("rows_with_errors")}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--rows", type=int, default=8)
+    ap.add_argument("--min-tokens", type=int, default=4000)
+    ap.add_argument("--max-tokens", type=int, default=7000)
+    ap.add_argument("--max-new-tokens", type=int, default=256)
+    ap.add_argument("--decode-blocks", type=int, default=65)
+    ap.add_argument("--repeats", type=int, default=1)
+    ap.add_argument("--work", type=Path, default=Path("/tmp/pd-bench-dram"))
+    args = ap.parse_args()
+    from long_prompts import write_long_prompts
+
+    from pipeline.config import compose
+    from pipeline.roles.engine import load_tokenizer
+
+    input_dir = args.work / "input"
+    write_long_prompts(input_dir, load_tokenizer(compose(["+job=summarize"])), args.rows, 1,
+                       args.min_tokens, args.max_tokens)
+    results = []
+    for rep in range(args.repeats):  # alternate, so that drift in machine speed hits both
+        for name in CONFIGS:
+            r = one(args.work, name, args, input_dir, rep)
+            print(json.dumps(r), flush=True)
+            results.append(r)
+    (args.work / "results.json").write_text(json.dumps(results, indent=1))
+    print("\n| offload | output tok/s (first prefill -> last token) | TTFT p50 s | prefill idle waiting for decode, s | of which DRAM-slot waits, s |")
+    print("|---|---|---|---|---|")
+    for name in CONFIGS:
+        rs = [r for r in results if r["config"] == name]
+        med = {k: statistics.median(r[k] for r in rs) for k in ("tok_s", "ttft_p50_s", "prefill_idle_s", "capacity_wait_s")}
+        print(f"| {name} | {med['tok_s']:.2f} | {med['ttft_p50_s']:.1f} | {med['prefill_idle_s']:.1f} | {med['capacity_wait_s']:.1f} |")
+
+
+if __name__ == "__main__":
+    main()
