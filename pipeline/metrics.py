@@ -56,6 +56,9 @@ kv_transfer_s       list         seconds posting it, seconds from post to comple
 kv_transfer_bytes   list         bytes moved (NIXL's telemetry)
 kv_held_s           list       offload=dram: seconds from prefill end to its KV write completing
 kv_freed_s          list       offload=dram: seconds from prefill end to vLLM freeing its blocks
+kv_load_tokens      list       offload=dram, decode: per load from the DRAM tier, tokens loaded,
+kv_load_recompute_tokens list    tokens computed after it,
+kv_load_after_preemption list    1 if the request came back after a preemption
 prompt_tokens_computed int32   prompt tokens computed in the step (not cached, not received)
 preempted           int32      requests preempted in the step
 ==================  =========  ============================================================
@@ -117,6 +120,12 @@ WORKER_SCHEMA = pa.schema([
     # offload=dram, prefill worker: per request whose blocks vLLM freed (at the end of the step
     # in which the write completed), seconds from the prefill request finishing to that.
     ("kv_freed_s", pa.list_(pa.float64())),
+    # offload=dram, decode worker: per load from the DRAM tier in the step, the tokens it brought,
+    # the tokens the engine then computed itself (the last prompt token, plus the generated ones
+    # after a preemption), and 1 if the request came back after a preemption.
+    ("kv_load_tokens", pa.list_(pa.int64())),
+    ("kv_load_recompute_tokens", pa.list_(pa.int64())),
+    ("kv_load_after_preemption", pa.list_(pa.int32())),
     # prompt tokens the engine computed itself in the step (vLLM's PromptTokenStats.computed:
     # neither prefix-cached nor received), and requests it preempted in the step.
     ("prompt_tokens_computed", pa.int32()),
@@ -180,20 +189,23 @@ class StepRecorder:
     def record(self, scheduler_stats: Any, iteration_stats: Any) -> None:
         if scheduler_stats is None and iteration_stats is None:
             return
-        s = scheduler_stats
-        self.rows.append((
-            time.time(),
-            s.num_running_reqs if s is not None else None,
-            s.num_waiting_reqs + s.num_skipped_waiting_reqs if s is not None else None,
-            s.kv_cache_usage if s is not None else None,
-            iteration_stats.num_prompt_tokens if iteration_stats is not None else 0,
-            iteration_stats.num_generation_tokens if iteration_stats is not None else 0,
-            s.prefix_cache_stats.queries if s is not None and s.prefix_cache_stats else 0,
-            s.prefix_cache_stats.hits if s is not None and s.prefix_cache_stats else 0,
-            *_nixl_transfers(s),
-            iteration_stats.prompt_token_stats.computed if iteration_stats is not None else 0,
-            iteration_stats.num_preempted_reqs if iteration_stats is not None else 0,
-        ))
+        s, it = scheduler_stats, iteration_stats
+        row = {
+            "t": time.time(),
+            "running": s.num_running_reqs if s is not None else None,
+            "waiting": s.num_waiting_reqs + s.num_skipped_waiting_reqs if s is not None else None,
+            "kv_cache_usage": s.kv_cache_usage if s is not None else None,
+            "prompt_tokens": it.num_prompt_tokens if it is not None else 0,
+            "generation_tokens": it.num_generation_tokens if it is not None else 0,
+            "prefix_cache_queries": s.prefix_cache_stats.queries if s is not None and s.prefix_cache_stats else 0,
+            "prefix_cache_hits": s.prefix_cache_stats.hits if s is not None and s.prefix_cache_stats else 0,
+            "prompt_tokens_computed": it.prompt_token_stats.computed if it is not None else 0,
+            "preempted": it.num_preempted_reqs if it is not None else 0,
+        }
+        data = getattr(s, "kv_connector_stats", None) or {}
+        for column, key in KV_STAT_COLUMNS.items():
+            row[column] = list(data[key]) if data.get(key) else None
+        self.rows.append(row)
         if time.monotonic() - self.flushed_at > FLUSH_EVERY_S:
             self.flush()
 
@@ -202,46 +214,29 @@ class StepRecorder:
         if not self.rows:
             return
         rows, self.rows = self.rows, []
-        cols = list(zip(*rows))
-        n = len(rows)
-        table = pa.table({
-            "worker": pa.array([self.worker] * n, pa.string()),
-            "role": pa.array([self.role] * n, pa.string()),
-            "t": pa.array(cols[0], pa.float64()),
-            "running": pa.array(cols[1], pa.int32()),
-            "waiting": pa.array(cols[2], pa.int32()),
-            "kv_cache_usage": pa.array(cols[3], pa.float64()),
-            "prompt_tokens": pa.array(cols[4], pa.int32()),
-            "generation_tokens": pa.array(cols[5], pa.int32()),
-            "prefix_cache_queries": pa.array(cols[6], pa.int64()),
-            "prefix_cache_hits": pa.array(cols[7], pa.int64()),
-            "kv_post_s": pa.array(cols[8], pa.list_(pa.float64())),
-            "kv_transfer_s": pa.array(cols[9], pa.list_(pa.float64())),
-            "kv_transfer_bytes": pa.array(cols[10], pa.list_(pa.int64())),
-            "kv_held_s": pa.array(cols[11], pa.list_(pa.float64())),
-            "kv_freed_s": pa.array(cols[12], pa.list_(pa.float64())),
-            "prompt_tokens_computed": pa.array(cols[13], pa.int32()),
-            "preempted": pa.array(cols[14], pa.int32()),
-        }, schema=WORKER_SCHEMA)
+        for r in rows:
+            r["worker"], r["role"] = self.worker, self.role
         try:
-            _write(table, self.directory / f"{self.stem}.{self.parts:05d}.parquet")
+            _write(pa.Table.from_pylist(rows, schema=WORKER_SCHEMA),
+                   self.directory / f"{self.stem}.{self.parts:05d}.parquet")
             self.parts += 1
         except OSError:  # metrics must never take a worker down
             pass
 
 
-def _nixl_transfers(scheduler_stats: Any) -> tuple[list | None, ...]:
-    """(post seconds, transfer seconds, bytes, held-after-prefill seconds, freed-after-prefill
-    seconds) per completed KV transfer in vLLM's ``SchedulerStats.kv_connector_stats`` (the NIXL
-    connector's ``NixlKVConnectorStats.data``, or :class:`pipeline.kv.dram_connector.DramTierStats`,
-    which alone has the last two); None where the step carries none."""
-    data = getattr(scheduler_stats, "kv_connector_stats", None) or {}
-    sent = bool(data.get("transfer_duration"))
-    return (list(data.get("post_duration", ())) if sent else None,
-            list(data["transfer_duration"]) if sent else None,
-            [int(b) for b in data.get("bytes_transferred", ())] if sent else None,
-            list(data["held_after_prefill"]) if data.get("held_after_prefill") else None,
-            list(data["freed_after_prefill"]) if data.get("freed_after_prefill") else None)
+#: Worker-metrics list columns <- keys of the step's ``SchedulerStats.kv_connector_stats`` (the
+#: NIXL connector's ``NixlKVConnectorStats.data`` has the first three; the DRAM tier's
+#: :class:`pipeline.kv.dram_connector.DramTierStats` has them all), one entry per event.
+KV_STAT_COLUMNS = {
+    "kv_post_s": "post_duration",
+    "kv_transfer_s": "transfer_duration",
+    "kv_transfer_bytes": "bytes_transferred",
+    "kv_held_s": "held_after_prefill",
+    "kv_freed_s": "freed_after_prefill",
+    "kv_load_tokens": "load_tokens",
+    "kv_load_recompute_tokens": "load_recompute_tokens",
+    "kv_load_after_preemption": "load_after_preemption",
+}
 
 
 def step_recorder_factory(recorder: StepRecorder):

@@ -35,6 +35,8 @@ def status_text(run: RunDir) -> str:
         age = now - d.get("heartbeat", 0)
         state = "alive" if age < 10 else "silent (ended, or dead)"
         kv = f", KV cache {d['kv_capacity_tokens']} tokens" if d.get("kv_capacity_tokens") else ""
+        if d.get("dram_capacity_tokens"):
+            kv += f", DRAM tier {d['dram_capacity_tokens']} tokens"
         lines.append(f"  decode rank {rank} {d['worker']}: {state}, last heartbeat {age:.0f} s ago{kv}")
     for name, f in failed.items():
         lines.append(f"  failed {name}: {f['error']}")

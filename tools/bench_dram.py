@@ -7,10 +7,11 @@ KV cache capped at ``--decode-blocks`` blocks so that it holds one long request 
 
 Per configuration (medians over repeats): output tokens/s over the run's wall time (from the
 run's summary), TTFT p50, and the prefill worker's **idle time waiting for decode capacity**:
-the time its engine had requests waiting while it computed nothing (the gaps between engine
-steps with ``waiting > 0`` and no prompt tokens computed, from its per-step metrics), plus, with
-the DRAM tier, the time its rows waited for DRAM-tier slots before their prefill
-(``capacity_wait_s``). Prints a Markdown table for BENCHMARKS.md.
+the time its engine had requests waiting and none running (its KV cache full of finished
+requests' KV that no decode worker has taken yet; from its per-step metrics), plus, with the DRAM
+tier, the time its rows waited for DRAM-tier slots before their prefill (``capacity_wait_s``).
+Also: the prefill engine's peak KV cache use, rows handed off more than once, and the tokens
+decode generated (more than the output when a hand-off was retried). Prints a Markdown table.
 """
 from __future__ import annotations
 
@@ -29,22 +30,21 @@ sys.path.insert(0, str(ROOT / "tools"))
 CONFIGS = {"none": ["offload=none"], "dram": ["offload=dram", "offload.dram_gib=4"]}
 
 
-def prefill_idle_s(run_dir: Path) -> float:
-    """Seconds the prefill engine had waiting requests but computed nothing (sum of the intervals
-    ending at such steps)."""
+def prefill_engine(run_dir: Path) -> tuple[float, float]:
+    """(seconds the prefill engine had requests waiting but none running -- its KV cache full of
+    finished requests' KV that no decode worker has taken yet --, its peak KV cache use 0..1),
+    from its per-step metrics."""
     from pipeline.metrics import read_worker_metrics
 
     steps = sorted((r for r in read_worker_metrics(run_dir).to_pylist() if r["role"] == "prefill"),
                    key=lambda r: r["t"])
-    idle = 0.0
-    for prev, cur in zip(steps, steps[1:]):
-        if (cur["waiting"] or 0) > 0 and not cur["prompt_tokens_computed"]:
-            idle += cur["t"] - prev["t"]
-    return idle
+    idle = sum(cur["t"] - prev["t"] for prev, cur in zip(steps, steps[1:])
+               if (prev["waiting"] or 0) > 0 and not prev["running"])
+    return idle, max((r["kv_cache_usage"] or 0.0) for r in steps)
 
 
 def one(work: Path, name: str, args: argparse.Namespace, input_dir: Path, rep: int) -> dict:
-    from pipeline.metrics import read_request_metrics
+    from pipeline.metrics import read_request_metrics, read_worker_metrics
 
     run_dir = work / f"{name}-{rep}"
     cmd = [sys.executable, "-m", "pipeline", "+job=summarize", "model.dtype=float32", "run.progress=false",
@@ -62,10 +62,13 @@ def one(work: Path, name: str, args: argparse.Namespace, input_dir: Path, rep: i
     out_tokens = sum(r["output_tokens"] for r in rows)
     first = min(r["prefill_start"] for r in rows)
     last = max(r["token_times"][-1] for r in rows if r["token_times"])
-    return {"config": name, "rep": rep, "wall_s": time.time() - t0, "summary_tok_s": summary.get("output_tok_s"),
+    idle, peak_kv = prefill_engine(run_dir / "run")
+    decoded = sum(r["generation_tokens"] for r in read_worker_metrics(run_dir / "run").to_pylist() if r["role"] == "decode")
+    return {"config": name, "rep": rep, "wall_s": time.time() - t0, "summary_tok_s": summary.get("output_tokens_per_s"),
             "tok_s": out_tokens / (last - first), "ttft_p50_s": ttft,
-            "prefill_idle_s": prefill_idle_s(run_dir / "run") + waits, "capacity_wait_s": waits,
-            "output_tokens": out_tokens, "errors": summary.get("rows_with_errors")}
+            "prefill_idle_s": idle + waits, "capacity_wait_s": waits, "prefill_peak_kv": peak_kv,
+            "retried_rows": sum(r["tries"] > 1 for r in rows), "decode_generated_tokens": decoded,
+            "output_tokens": out_tokens, "errors": summary.get("errors")}
 
 
 def main() -> None:
@@ -93,12 +96,18 @@ def main() -> None:
             print(json.dumps(r), flush=True)
             results.append(r)
     (args.work / "results.json").write_text(json.dumps(results, indent=1))
-    print("\n| offload | output tok/s (first prefill -> last token) | TTFT p50 s | prefill idle waiting for decode, s | of which DRAM-slot waits, s |")
-    print("|---|---|---|---|---|")
+    print("\n| offload | output tok/s (first prefill -> last token) | output tok/s (run summary, with start-up) "
+          "| TTFT p50 s | prefill idle waiting for decode, s | of which DRAM-slot waits, s | prefill peak KV use "
+          "| rows retried | decode generated / output tokens |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for name in CONFIGS:
         rs = [r for r in results if r["config"] == name]
-        med = {k: statistics.median(r[k] for r in rs) for k in ("tok_s", "ttft_p50_s", "prefill_idle_s", "capacity_wait_s")}
-        print(f"| {name} | {med['tok_s']:.2f} | {med['ttft_p50_s']:.1f} | {med['prefill_idle_s']:.1f} | {med['capacity_wait_s']:.1f} |")
+        med = {k: statistics.median(r[k] for r in rs)
+               for k in ("tok_s", "summary_tok_s", "ttft_p50_s", "prefill_idle_s", "capacity_wait_s",
+                         "prefill_peak_kv", "retried_rows", "decode_generated_tokens", "output_tokens")}
+        print(f"| {name} | {med['tok_s']:.2f} | {med['summary_tok_s']:.2f} | {med['ttft_p50_s']:.1f} "
+              f"| {med['prefill_idle_s']:.1f} | {med['capacity_wait_s']:.1f} | {med['prefill_peak_kv']:.2f} "
+              f"| {med['retried_rows']:g} | {med['decode_generated_tokens']:g} / {med['output_tokens']:g} |")
 
 
 if __name__ == "__main__":

@@ -5,8 +5,8 @@ when ``offload=dram``; one class serves both roles.
 
 Prefill engine (``kv_producer``). A request whose ``kv_transfer_params`` carry ``"dram"`` (the
 decode pool's NIXL metadata and the slots reserved for it) keeps its blocks when it finishes
-(``request_finished`` returns True). At the next engine step the worker WRITEs them into those
-slots over NIXL, one descriptor per region and run of consecutive blocks, with the request id as
+(``request_finished`` returns True). Before the next forward pass the worker posts a NIXL WRITE
+of them into those slots, one descriptor per region and run of consecutive blocks, with the request id as
 the completion notification; when NIXL reports the write done, ``get_finished`` returns the id
 and vLLM frees the blocks. The prefill worker never waits for decode capacity: the slots were
 reserved before its prefill began.
@@ -24,10 +24,13 @@ until the decode role process sees the request finish.
 per prompt block) and ``dram_pool`` (``path`` of the pool file, ``num_slots``); the engine maps
 the pool on its first load.
 
-Transfer statistics (``get_kv_connector_stats``, NIXL's field names, one entry per completed
-write, seconds and bytes): ``post_duration``, ``transfer_duration``, ``bytes_transferred``,
-``num_descriptors``, and ``held_after_prefill`` -- seconds from the prefill request finishing
-to its blocks being released to vLLM (posting wait + transfer).
+Statistics (``get_kv_connector_stats``, recorded per step in the worker metrics, see
+:data:`pipeline.metrics.KV_STAT_COLUMNS`). Prefill, per completed write (NIXL's field names,
+seconds and bytes): ``post_duration``, ``transfer_duration``, ``bytes_transferred``,
+``num_descriptors``, ``held_after_prefill`` (request finished -> write done); per request,
+``freed_after_prefill`` (request finished -> vLLM freed its blocks, at the end of the step in
+which the write completed). Decode, per load: ``load_tokens``, ``load_recompute_tokens`` (tokens
+the engine computes itself after it), ``load_after_preemption`` (0/1).
 """
 from __future__ import annotations
 
@@ -57,7 +60,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 _STAT_KEYS = ("post_duration", "transfer_duration", "bytes_transferred", "num_descriptors", "held_after_prefill",
-              "freed_after_prefill")
+              "freed_after_prefill", "load_tokens", "load_recompute_tokens", "load_after_preemption")
 
 
 @dataclass
@@ -75,6 +78,9 @@ class _Load:
     slots: list[int]  # pool slots to fill them from
     pool_path: str  # the pool's shared-memory file
     pool_slots: int  # slots in the pool
+    tokens: int = 0  # tokens whose KV the load brings
+    recompute: int = 0  # tokens the engine computes itself after the load (last prompt token + any generated)
+    preempted: bool = False  # the request comes back after a preemption
 
 
 @dataclass
@@ -103,7 +109,7 @@ class DramTierStats(KVConnectorStats):
         return {"num_transfers": n, "bytes": sum(self.data["bytes_transferred"])}
 
     def is_empty(self) -> bool:
-        return not self.data["transfer_duration"] and not self.data["freed_after_prefill"]
+        return not any(self.data[k] for k in ("transfer_duration", "freed_after_prefill", "load_tokens"))
 
 
 class DramTierConnector(KVConnectorBase_V1):
@@ -118,6 +124,7 @@ class DramTierConnector(KVConnectorBase_V1):
         # scheduler side
         self._sends: list[_Send] = []
         self._loads: list[_Load] = []
+        self._local_hits: dict[str, int] = {}  # request id -> local prefix-cache hit (tokens)
         self._unfinished_sends: dict[str, float] = {}  # request id -> when it finished (time.time())
         self._freed: list[tuple[str, float]] = []
         # worker side
@@ -139,6 +146,7 @@ class DramTierConnector(KVConnectorBase_V1):
             return 0, False
         # Every prompt token's KV is in the pool; vLLM computes the last one itself (its logits
         # give the next token), so match up to it.
+        self._local_hits[request.request_id] = num_computed_tokens
         return max(request.num_prompt_tokens - 1 - num_computed_tokens, 0), False
 
     def update_state_after_alloc(self, request: "Request", blocks: "KVCacheBlocks", num_external_tokens: int):
@@ -146,12 +154,15 @@ class DramTierConnector(KVConnectorBase_V1):
             return
         slots = request.kv_transfer_params["dram_slots"]
         block_ids = blocks.get_block_ids()[0]
-        end = request.num_computed_tokens + num_external_tokens  # tokens the load must cover
-        first = request.num_computed_tokens // self.block_size  # blocks below are local prefix hits
-        last = -(-end // self.block_size)
+        # The load starts after the local prefix-cache hit (whole blocks, already in the cache;
+        # vLLM sets request.num_computed_tokens only after this call).
+        local = self._local_hits.pop(request.request_id, 0)
+        first, last = local // self.block_size, -(-(local + num_external_tokens) // self.block_size)
         pool = request.kv_transfer_params["dram_pool"]
-        self._loads.append(_Load(request.request_id, list(block_ids[first:last]), list(slots[first:last]),
-                                 pool["path"], int(pool["num_slots"])))
+        self._loads.append(_Load(
+            request.request_id, list(block_ids[first:last]), list(slots[first:last]), pool["path"],
+            int(pool["num_slots"]), tokens=num_external_tokens,
+            recompute=request.num_tokens - local - num_external_tokens, preempted=request.num_preemptions > 0))
 
     def build_connector_meta(self, scheduler_output: "SchedulerOutput") -> KVConnectorMetadata:
         meta = DramTierMetadata(self._sends, self._loads, self._freed)
@@ -161,6 +172,7 @@ class DramTierConnector(KVConnectorBase_V1):
     def request_finished(self, request: "Request", block_ids: list[int]) -> tuple[bool, dict[str, Any] | None]:
         from vllm.v1.request import RequestStatus
 
+        self._local_hits.pop(request.request_id, None)
         params = request.kv_transfer_params or {}
         if not self.producer or "dram" not in params:
             return False, None
@@ -244,6 +256,9 @@ class DramTierConnector(KVConnectorBase_V1):
             if self._pool is None or self._pool_path != load.pool_path:
                 self._map_pool(load.pool_path, load.pool_slots)
             copy_blocks(self._pool, load.slots, self._kv, load.block_ids)
+            self._stats.data["load_tokens"].append(load.tokens)
+            self._stats.data["load_recompute_tokens"].append(load.recompute)
+            self._stats.data["load_after_preemption"].append(int(load.preempted))
         if self._kv.views and self._kv.views[0].is_cuda:
             import torch
 
