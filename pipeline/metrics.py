@@ -53,7 +53,8 @@ prefix_cache_queries int64     prompt tokens looked up in the local prefix cache
 prefix_cache_hits   int64      of those, tokens found (their KV neither computed nor received)
 kv_post_s           list       per KV transfer this worker initiated that completed in the step:
 kv_transfer_s       list         seconds posting it, seconds from post to completion,
-kv_transfer_bytes   list         bytes moved (NIXL's telemetry)
+kv_transfer_bytes   list         bytes moved,
+kv_transfer_descriptors list     NIXL descriptors it took (NIXL's telemetry)
 kv_held_s           list       offload=dram: seconds from prefill end to its KV write completing
 kv_freed_s          list       offload=dram: seconds from prefill end to vLLM freeing its blocks
 kv_load_tokens      list       offload=dram, decode: per load from the DRAM tier, tokens loaded,
@@ -114,6 +115,7 @@ WORKER_SCHEMA = pa.schema([
     ("kv_post_s", pa.list_(pa.float64())),
     ("kv_transfer_s", pa.list_(pa.float64())),
     ("kv_transfer_bytes", pa.list_(pa.int64())),
+    ("kv_transfer_descriptors", pa.list_(pa.int64())),
     # offload=dram, prefill worker: per completed write, seconds from the prefill request
     # finishing to its KV blocks being released to vLLM (waiting to post + transfer).
     ("kv_held_s", pa.list_(pa.float64())),
@@ -225,12 +227,13 @@ class StepRecorder:
 
 
 #: Worker-metrics list columns <- keys of the step's ``SchedulerStats.kv_connector_stats`` (the
-#: NIXL connector's ``NixlKVConnectorStats.data`` has the first three; the DRAM tier's
+#: NIXL connector's ``NixlKVConnectorStats.data`` has the first four; the DRAM tier's
 #: :class:`pipeline.kv.dram_connector.DramTierStats` has them all), one entry per event.
 KV_STAT_COLUMNS = {
     "kv_post_s": "post_duration",
     "kv_transfer_s": "transfer_duration",
     "kv_transfer_bytes": "bytes_transferred",
+    "kv_transfer_descriptors": "num_descriptors",
     "kv_held_s": "held_after_prefill",
     "kv_freed_s": "freed_after_prefill",
     "kv_load_tokens": "load_tokens",

@@ -89,6 +89,11 @@ def test_each_request_written_once_in_whole_blocks(dram_run):
     want = sorted(-(-r["prompt_tokens"] // BLOCK) * BLOCK * KV_BYTES_PER_TOKEN
                   for r in read_request_metrics(dram_run.run_dir).to_pylist())
     assert moved == want
+    # Coalesced: one descriptor per region (30 layers x K, V) and run of consecutive blocks. The
+    # prefill engine hands out its never-used blocks in order, so each request is one run here:
+    # 60 descriptors instead of 60 x its 32-44 blocks.
+    descs = [d for s in prefill for d in (s["kv_transfer_descriptors"] or ())]
+    assert len(descs) == ROWS and all(d % 60 == 0 and d <= 2 * 60 for d in descs), descs
 
 
 @pytest.mark.e2e

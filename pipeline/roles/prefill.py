@@ -83,7 +83,8 @@ class DecodeClients:
         self.endpoints: dict[int, str] = {}
         self.sockets: dict[int, zmq.asyncio.Socket] = {}
         self.receivers: dict[int, asyncio.Task] = {}
-        self.inflight: dict[int, dict[str, asyncio.Future]] = {}
+        # rank -> row key (hand-off) or ("reserve", request id) -> its answer
+        self.inflight: dict[int, dict[str | tuple[str, str], asyncio.Future]] = {}
         self.inflight_tokens: dict[int, int] = {}  # rank -> KV tokens its hand-offs in flight reach
         self.capacity: dict[int, int | None] = {}  # rank -> tokens its KV cache holds
         self.dram_capacity: dict[int, int | None] = {}  # rank -> tokens its DRAM tier holds
@@ -293,10 +294,17 @@ async def _prefill(run: RunDir, task: int, n_tasks: int, cpus: str | None) -> st
                     # Slots in a decode worker's DRAM tier first: the prefill engine writes the KV
                     # there when the prefill ends and frees its own blocks at once.
                     t_wait = time.time()
-                    rank, pool = await clients.reserve(Reserve(
-                        key=p.key, request_id=rid, owner=worker, attempt=attempt,
-                        blocks=-(-len(p.token_ids) // block_size)), need, cfg.transport.connect_timeout_s, route)
-                    capacity_wait += time.time() - t_wait
+                    try:
+                        rank, pool = await clients.reserve(Reserve(
+                            key=p.key, request_id=rid, owner=worker, attempt=attempt,
+                            blocks=-(-len(p.token_ids) // block_size)), need, cfg.transport.connect_timeout_s, route)
+                    except (DecodeLost, TimeoutError) as exc:
+                        if n + 1 == tries:
+                            raise
+                        log.warning("row %s: %s; reserving again (try %d of %d)", p.key, exc, n + 2, tries)
+                        continue
+                    finally:
+                        capacity_wait += time.time() - t_wait
                     kv_params = {"dram": pool}
                 t0 = time.time()
                 try:
