@@ -17,7 +17,7 @@ def test_runs_coalesce_only_where_both_sides_are_consecutive():
 
 
 def test_kv_cache_regions_k_and_v_apart():
-    """(2, num_blocks, ...) per layer (K and V apart, vLLM's CPU and FlashAttention layouts):
+    """(2, num_blocks, ...) per layer (K and V apart, as in FlashAttention's layout):
     two regions per layer, in layer-name order; block bytes = 4 x 2 x 4 B."""
     layers = {f"layer.{i}": torch.zeros(2, 10, 4, 2, dtype=torch.float32) for i in range(3)}
     r = BlockRegions.from_kv_caches(layers, 10)
