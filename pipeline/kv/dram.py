@@ -141,16 +141,13 @@ def descriptors(src: BlockRegions, src_blocks: list[int], dst: BlockRegions,
     return np.array(s_rows, dtype=np.int64).reshape(-1, 3), np.array(d_rows, dtype=np.int64).reshape(-1, 3)
 
 
-def copy_blocks(src: BlockRegions, src_blocks: list[int], dst: BlockRegions, dst_blocks: list[int]) -> int:
+def copy_blocks(src: BlockRegions, src_blocks: list[int], dst: BlockRegions, dst_blocks: list[int]) -> None:
     """Copy blocks between two mapped layouts (pool -> KV cache on the decode engine), run by
-    run; asynchronous on a GPU (``non_blocking``), so the caller synchronises. Returns bytes."""
+    run; asynchronous on a GPU (``non_blocking``), so the caller synchronises."""
     assert src.views is not None and dst.views is not None
-    moved = 0
     for s, d, n in runs(src_blocks, dst_blocks):
         for sv, dv in zip(src.views, dst.views):
             dv[d:d + n].copy_(sv[s:s + n], non_blocking=True)
-            moved += n * src.block_bytes
-    return moved
 
 
 def pool_path(run_dir: Path, rank: int) -> Path:
@@ -241,7 +238,8 @@ class DramPool:
 
     async def poll_notifications(self, every_s: float = 0.002) -> None:
         """Run forever: hand NIXL completion notifications (the request id, sent by the prefill
-        worker with its WRITE) to :meth:`arrived`. Polls only while someone waits."""
+        worker with its WRITE) to :meth:`arrived`: every ``every_s`` seconds while someone
+        waits, every 50 ms otherwise."""
         while True:
             await asyncio.sleep(every_s if self._arrived else 0.05)
             for msgs in self.agent.get_new_notifs().values():
