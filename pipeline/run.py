@@ -9,8 +9,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from pipeline.config import Config, ConfigError
-from pipeline.data.shards import list_shards
-from pipeline.launch.rundir import RunDir, write_json
+from pipeline.io.shards import list_shards
+from pipeline.io.atomic import write_json
+from pipeline.runtime.rundir import RunDir
 from pipeline.launch.watch import Jobs, watch
 
 
@@ -87,7 +88,7 @@ class RunHandle:
         return {"shards": self.n_shards, "shards_done": len(done), "shards_failed": len(failed),
                 "rows": self.total_rows, "rows_done": sum(p["rows"] for p in self.run.progress()),
                 "jobs": {j.job_id: j.state for j in self.jobs.all()},
-                "finished": all(j.done() for j in self.jobs.owners)}
+                "finished": all(j.done() for j in self.jobs.array_tasks)}
 
     def wait(self, progress: bool = False) -> Summary:
         """Follow the run to its end and return its :class:`Summary` (also written to
@@ -117,7 +118,7 @@ def start_job(cfg: Config) -> RunHandle:
     Raises:
         FileNotFoundError: ``job.input`` holds no Parquet shards.
     """
-    from pipeline.roles.engine import model_path
+    from pipeline.engine.model import model_path
 
     shards = list_shards(cfg.job.input)
     total_rows = sum(_num_rows(s.url) for s in shards)
@@ -140,15 +141,15 @@ def start_job(cfg: Config) -> RunHandle:
         from pipeline.launch.slurm import launch_slurm
 
         jobs = launch_slurm(cfg, run, len(shards))
-    write_json(run.path / "jobs.json", {"owners": [j.job_id for j in jobs.owners],
-                                        "servers": [j.job_id for j in jobs.servers]})
+    write_json(run.path / "jobs.json", {"array_tasks": [j.job_id for j in jobs.array_tasks],
+                                        "decode": [j.job_id for j in jobs.decode]})
     return RunHandle(cfg, run, jobs, output, len(shards), total_rows)
 
 
 def _report(run: RunDir) -> dict | None:
     """Write the run report (pipeline.report) into ``RUN_DIR/report``; a report that cannot be
     made (no rows served, say) is a warning, not a failed run."""
-    from pipeline.report import write_report
+    from pipeline.report.write import write_report
 
     try:
         r = write_report(run.path)

@@ -7,7 +7,7 @@ import json
 import sys
 import time
 
-from pipeline.launch.rundir import RunDir
+from pipeline.runtime.rundir import RunDir
 
 
 def status_text(run: RunDir) -> str:

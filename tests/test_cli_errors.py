@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from conftest import run_pipeline
+from tests.conftest import run_pipeline
 
 
 def _one_line_error(p) -> str:
@@ -52,14 +52,14 @@ def test_wrong_config_value(override, key):
 def test_rerun_of_finished_job_does_nothing_and_a_changed_config_is_refused(tmp_path):
     """A run directory whose shards are all done: the same job launches nothing; a job whose
     outputs would differ (another max_new_tokens) refuses to mix into it."""
-    from conftest import SAMPLE
+    from tests.conftest import SAMPLE
 
     shard = SAMPLE / "shard-00000.parquet"
     args = ["+job=summarize", f"job.input={shard}", f"run.dir={tmp_path / 'run'}"]
     # Lay out the run directory and mark its only shard done, as a finished run leaves it.
     from pipeline.config import compose
-    from pipeline.data.shards import list_shards
-    from pipeline.launch.rundir import RunDir
+    from pipeline.io.shards import list_shards
+    from pipeline.runtime.rundir import RunDir
 
     run = RunDir(tmp_path / "run")
     shards = list_shards(str(shard))

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pyarrow.parquet as pq
 import pytest
 
-from conftest import SAMPLE
+from tests.conftest import SAMPLE
 
 pytestmark = pytest.mark.e2e
 

@@ -10,9 +10,11 @@ import pyarrow.dataset as ds
 import pytest
 from matplotlib import image
 
-from pipeline import plan
-from pipeline.metrics import read_request_metrics, read_worker_metrics
-from pipeline.report import compare_reports, write_report
+from pipeline.io.metrics import read_request_metrics, read_worker_metrics
+from pipeline.plan.calibrate import calibrate, model_of_run, workload_from_run
+from pipeline.plan.predict import predict
+from pipeline.report.compare import compare_reports
+from pipeline.report.write import write_report
 
 pytestmark = pytest.mark.e2e
 
@@ -97,9 +99,9 @@ def test_planner_calibrated_on_one_run_predicts_another(push_run, pull_run):
     """The planner's CPU profile is fitted on the push run; its TTFT and ITL predictions for the
     pull run (same layout, 1P:1D, same prompts) are compared with what the pull run measured.
     The errors are stated in the README ("Planning pools")."""
-    model = plan.model_of_run(push_run.run_dir)
-    hw = plan.calibrate(push_run.run_dir, model)
-    pred = plan.predict(model, hw, plan.workload_from_run(pull_run.run_dir), "disaggregated", 1, 1)
+    model = model_of_run(push_run.run_dir)
+    hw = calibrate(push_run.run_dir, model)
+    pred = predict(model, hw, workload_from_run(pull_run.run_dir), "disaggregated", 1, 1)
     measured = write_report(pull_run.run_dir, pull_run.run_dir / "report-again")
     ttft_err = pred.ttft_s / measured["ttft_p50_s"]
     itl_err = pred.itl_s / np.mean([x for x in _itl_means(pull_run)])

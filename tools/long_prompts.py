@@ -4,14 +4,17 @@ starting at a different section, so no two prompts share a prefix.
 
     python tools/long_prompts.py OUT_DIR [--rows 8] [--shards 1] [--min-tokens 4000] [--max-tokens 7500]
 
-Used by the DRAM-tier test (tests/test_dram_tier.py) and benchmark (tools/bench_dram.py).
+Used by the DRAM-tier test (tests/test_dram_tier.py), benchmark (tools/bench_dram.py) and GPU check
+(tools/gpu_dram_check.py).
 """
 from __future__ import annotations
 
-import argparse
+import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
 
 
 def write_long_prompts(out: Path, tokenizer, rows: int = 8, shards: int = 1, min_tokens: int = 4000,
@@ -39,7 +42,9 @@ def write_long_prompts(out: Path, tokenizer, rows: int = 8, shards: int = 1, min
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    from tools.benchlib.cli import parser
+
+    ap = parser(__doc__)
     ap.add_argument("out", type=Path)
     ap.add_argument("--rows", type=int, default=8)
     ap.add_argument("--shards", type=int, default=1)
@@ -47,7 +52,7 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=int, default=7500)
     a = ap.parse_args()
     from pipeline.config import compose
-    from pipeline.roles.engine import load_tokenizer
+    from pipeline.engine.model import load_tokenizer
 
     tok = load_tokenizer(compose(["+job=summarize"]))
     print(write_long_prompts(a.out, tok, a.rows, a.shards, a.min_tokens, a.max_tokens))

@@ -2,7 +2,7 @@
 
 Hydra type-checks every YAML file and command-line override against these classes, so a wrong
 key or a value of the wrong type fails when the config is composed. ``__post_init__`` checks the
-values whose range a type cannot express; it runs when :func:`pipeline.config.load` turns the
+values whose range a type cannot express; it runs when :func:`pipeline.config.compose` turns the
 composed config into these objects.
 """
 
@@ -89,7 +89,7 @@ class JobConfig:
     system_prompt: Optional[str] = None
     prompt_template: str = "{text}"
     sampling: SamplingConfig = field(default_factory=SamplingConfig)
-    batch_rows: int = 16  # rows a shard owner keeps in flight
+    batch_rows: int = 16  # rows a prefill/colocated worker keeps in flight
     checkpoint_rows: int = 4  # finished rows saved together so a restarted owner resumes mid-shard
     too_long: str = "error"  # a prompt longer than the context: "error" row, or "truncate" the text
     rag: Optional[RagConfig] = None  # set: rows are questions answered from retrieved passages
@@ -147,8 +147,8 @@ class ClusterConfig:
     """Where workers run.
 
     ``launcher=local``: submitit's local executor, one process per worker on this machine.
-    ``launcher=slurm``: the decode ranks as one Slurm job (one task per rank) and the shard owners
-    as a job array started after the decode job (``--dependency=after``).
+    ``launcher=slurm``: the decode ranks as one Slurm job (one task per rank) and the prefill
+    (or colocated) workers as a job array started after the decode job (``--dependency=after``).
 
     CPU binding of each engine (``VLLM_CPU_OMP_THREADS_BIND``): ``prefill_cpus`` /
     ``decode_cpus`` when set (a core list such as ``"0"`` or ``"0,1"``); otherwise
@@ -240,7 +240,7 @@ class OffloadConfig:
 
     ``none``: in the prefill worker's own KV cache, until the decode worker has allocated blocks
     for it (vLLM's NIXL connector, ``transport.connector``). ``dram``: in a host-DRAM tier of
-    ``dram_gib`` GiB on each decode worker (:mod:`pipeline.kv.dram`): the prefill worker writes
+    ``dram_gib`` GiB on each decode worker (:mod:`pipeline.engine.dram_pool`): the prefill worker writes
     the KV there as soon as its prefill ends and frees its blocks when the write completes, and
     the decode worker loads it when it admits the request (and reloads it after a preemption
     instead of recomputing the prompt). ``auto``: ``dram`` when the context is long

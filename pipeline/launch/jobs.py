@@ -28,9 +28,10 @@ class DecodeJob:
         return submitit.helpers.DelayedSubmission(self, *args, **kwargs)
 
 
-class OwnerJob:
-    """A shard owner: a prefill worker (``role="prefill"``) or a colocated worker. Task ``task``
-    of ``n_tasks`` owns every ``n_tasks``-th shard from ``task``."""
+class ArrayTaskJob:
+    """One array task: a prefill worker (``role="prefill"``) or a colocated worker, which owns
+    its shards end to end. Task ``task`` of ``n_tasks`` owns every ``n_tasks``-th shard from
+    ``task``."""
 
     def __init__(self, role: str, run_dir: str, n_tasks: int):
         self.role, self.run_dir, self.n_tasks = role, run_dir, n_tasks

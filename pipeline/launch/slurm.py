@@ -1,6 +1,6 @@
-"""Slurm launcher (submitit): the decode ranks as one job, one task per rank; the shard owners
-as a job array over groups of shards whose parallelism is the prefill pool size, held until the
-decode job has started (``--dependency=after:JOBID``) so prefill never holds nodes while decode
+"""Slurm launcher (submitit): the decode ranks as one job, one task per rank; the prefill (or
+colocated) workers as a job array over groups of shards whose parallelism is the prefill pool
+size, held until the decode job has started (``--dependency=after:JOBID``) so prefill never holds nodes while decode
 waits in the queue. Arrays larger than the cluster's ``MaxArraySize`` are split into chunks, each
 held until the previous chunk ends, so at most ``pools.prefill`` tasks run at once."""
 
@@ -13,8 +13,8 @@ import subprocess
 import submitit
 
 from pipeline.config import Config
-from pipeline.launch.jobs import DecodeJob, OwnerJob
-from pipeline.launch.rundir import RunDir
+from pipeline.launch.jobs import ArrayTaskJob, DecodeJob
+from pipeline.runtime.rundir import RunDir
 from pipeline.launch.watch import Jobs
 
 
@@ -29,7 +29,7 @@ def max_array_size() -> int:
     return int(m.group(1)) if m else 1001
 
 
-def owner_tasks(cfg: Config, n_shards: int) -> int:
+def n_array_tasks(cfg: Config, n_shards: int) -> int:
     """Array tasks over ``n_shards`` shards: one per ``cluster.shards_per_task`` shards, or
     ``pools.prefill`` when that is unset; never more than there are shards."""
     per = cfg.cluster.shards_per_task
@@ -55,28 +55,28 @@ def _executor(cfg: Config, run: RunDir, name: str, tp: int) -> submitit.SlurmExe
 def launch_slurm(cfg: Config, run: RunDir, n_shards: int) -> Jobs:
     """Submit the run's jobs; returns them without waiting."""
     path, tag = str(run.path), run.path.name
-    servers = []
+    decode_jobs = []
     depends = None
     if cfg.pools.mode == "disaggregated":
         d = cfg.pools.decode
         per_node = min(cfg.cluster.decode_ranks_per_node, d)
         ex = _executor(cfg, run, f"pd-decode-{tag}", cfg.model.decode_tp)
         ex.update_parameters(nodes=math.ceil(d / per_node), ntasks_per_node=per_node)
-        servers = [ex.submit(DecodeJob(path), None, cfg.cluster.decode_cpus)]
-        depends = f"after:{servers[0].job_id}"
+        decode_jobs = [ex.submit(DecodeJob(path), None, cfg.cluster.decode_cpus)]
+        depends = f"after:{decode_jobs[0].job_id}"
     role = "prefill" if cfg.pools.mode == "disaggregated" else "colocated"
-    n_tasks = owner_tasks(cfg, n_shards)
-    owner = OwnerJob(role, path, n_tasks)
+    n_tasks = n_array_tasks(cfg, n_shards)
+    task_job = ArrayTaskJob(role, path, n_tasks)
     chunk = cfg.cluster.max_array_size or max_array_size()
-    owners: list = []
+    tasks_jobs: list = []
     for start in range(0, n_tasks, chunk):
         ex = _executor(cfg, run, f"pd-{role}-{tag}", cfg.model.prefill_tp)
         extra = dict(ex.parameters.get("additional_parameters") or {})
-        deps = [d for d in (depends, f"afterany:{owners[-1].job_id.split('_')[0]}" if owners else None) if d]
+        deps = [d for d in (depends, f"afterany:{tasks_jobs[-1].job_id.split('_')[0]}" if tasks_jobs else None) if d]
         if deps:
             extra["dependency"] = ",".join(deps)
         ex.update_parameters(nodes=1, ntasks_per_node=1, array_parallelism=cfg.pools.prefill,
                              additional_parameters=extra)
         tasks = list(range(start, min(start + chunk, n_tasks)))
-        owners += ex.map_array(owner, tasks, [cfg.cluster.prefill_cpus] * len(tasks))
-    return Jobs(owners=owners, servers=servers)
+        tasks_jobs += ex.map_array(task_job, tasks, [cfg.cluster.prefill_cpus] * len(tasks))
+    return Jobs(array_tasks=tasks_jobs, decode=decode_jobs)

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 from tqdm import tqdm
 
-from pipeline.launch.rundir import RunDir
+from pipeline.runtime.rundir import RunDir
 
 
 class RunFailed(RuntimeError):
@@ -21,14 +21,14 @@ class RunFailed(RuntimeError):
 
 @dataclass
 class Jobs:
-    """submitit jobs of one run: ``owners`` own shards (prefill or colocated workers), ``servers``
-    are decode workers."""
+    """submitit jobs of one run: ``array_tasks`` own the shards (prefill or colocated workers, the
+    tasks of the job array on Slurm), ``decode`` are the decode ranks."""
 
-    owners: list = field(default_factory=list)
-    servers: list = field(default_factory=list)
+    array_tasks: list = field(default_factory=list)
+    decode: list = field(default_factory=list)
 
     def all(self) -> list:
-        return self.owners + self.servers
+        return self.array_tasks + self.decode
 
 
 class _QueueCheck:
@@ -150,7 +150,7 @@ def watch(run: RunDir, jobs: Jobs, total_rows: int, progress: bool = True,
     its rows to the others.
 
     Raises:
-        RunFailed: a shard owner failed, or every decode worker ended while owners still ran.
+        RunFailed: an array task failed, or every decode worker ended while array tasks still ran.
     """
     rows_bar = tqdm(total=total_rows, unit="row", desc="rows", disable=not progress, dynamic_ncols=True)
     tokens_bar = tqdm(unit="tok", desc="output tokens", disable=not progress, dynamic_ncols=True)
@@ -160,22 +160,22 @@ def watch(run: RunDir, jobs: Jobs, total_rows: int, progress: bool = True,
     try:
         while True:
             queue.refresh(jobs.all())
-            if all(queue.ended(j) for j in jobs.owners):
+            if all(queue.ended(j) for j in jobs.array_tasks):
                 break
             done = run.progress()
             rows_bar.update(sum(p["rows"] for p in done) - rows_bar.n)
             tokens_bar.update(sum(p["output_tokens"] for p in done) - tokens_bar.n)
             # A decode worker that ended cleanly did so because every shard is settled (its
             # owner may still be writing its last marker); only a failed one is a loss.
-            dead = [j for j in jobs.servers if queue.ended(j) and _failure(j, queue)]
+            dead = [j for j in jobs.decode if queue.ended(j) and _failure(j, queue)]
             for j in dead:
                 if j.job_id not in warned:
                     warned.add(j.job_id)
                     tqdm.write(f"warning: {_failure(j, queue)}; its rows go to the other decode workers",
                                file=sys.stderr)
-            if dead and len(dead) == len(jobs.servers):
+            if dead and len(dead) == len(jobs.decode):
                 errors += [_failure(j, queue) for j in dead]
-                for j in jobs.owners:
+                for j in jobs.array_tasks:
                     _cancel(j)
                 break
             time.sleep(poll_s)
@@ -190,17 +190,17 @@ def watch(run: RunDir, jobs: Jobs, total_rows: int, progress: bool = True,
         rows_bar.close()
         tokens_bar.close()
         run.request_stop()
-    owners_failed = [e for e in (_failure(j, queue) for j in jobs.owners) if e]
+    array_failed = [e for e in (_failure(j, queue) for j in jobs.array_tasks) if e]
     # After a failed owner the run is over: do not wait for decode workers to wind down.
-    deadline = time.monotonic() + (0 if owners_failed or errors else stop_grace_s)
+    deadline = time.monotonic() + (0 if array_failed or errors else stop_grace_s)
     while time.monotonic() < deadline:
-        queue.refresh(jobs.servers)
-        if all(queue.ended(j) for j in jobs.servers):
+        queue.refresh(jobs.decode)
+        if all(queue.ended(j) for j in jobs.decode):
             break
         time.sleep(poll_s)
-    for j in jobs.servers:
+    for j in jobs.decode:
         if not j.done():
             _cancel(j)
-    errors += owners_failed
+    errors += array_failed
     if errors:
         raise RunFailed("; ".join(dict.fromkeys(errors)))

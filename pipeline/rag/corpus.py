@@ -1,7 +1,7 @@
 """Passage corpus: read documents from Parquet shards and cut them into overlapping passages.
 
 A corpus is one Parquet file, a directory of them or a glob, at any fsspec URL (the same forms as
-``job.input``, read with :mod:`pipeline.data.shards`). Each row is one document with an id column
+``job.input``, read with :mod:`pipeline.io.shards`). Each row is one document with an id column
 and a text column, and optionally a title column.
 
 **Chunking unit: words**, i.e. maximal runs of non-whitespace characters (``\\S+``). Words, not
@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import pyarrow as pa
 
-from pipeline.data.shards import list_shards, read_shard
+from pipeline.io.shards import list_shards, read_shard
 
 _WORD = re.compile(r"\S+")
 

@@ -27,12 +27,12 @@ import hashlib
 import json
 import os
 import time
-import uuid
 from pathlib import Path
 
 import numpy as np
 from filelock import FileLock
 
+from pipeline.io.atomic import atomic_write, write_json
 from pipeline.rag.corpus import Passage
 from pipeline.rag.embed import Encoder, fingerprint, model_info
 
@@ -57,21 +57,6 @@ def index_key(passages: list[Passage], model_fingerprint: str, chunk_size: int, 
 
 def batch_name(i: int) -> str:
     return f"batch-{i:06d}.npy"
-
-
-def _write_atomic(path: Path, write) -> None:
-    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
-    try:
-        with tmp.open("wb") as f:
-            write(f)
-        os.replace(tmp, path)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
-
-
-def _write_json(path: Path, obj: dict) -> None:
-    _write_atomic(path, lambda f: f.write(json.dumps(obj, indent=1, sort_keys=True).encode()))
 
 
 class Index:
@@ -114,7 +99,7 @@ class Index:
             plan = json.loads(plan_path.read_text())
         else:
             plan = {**self._meta, "batch_size": batch_size}
-            _write_json(plan_path, plan)
+            write_json(plan_path, plan, sort_keys=True)
         size = plan["batch_size"]
         n_batches = -(-len(self.passages) // size)
         t0 = time.monotonic()
@@ -124,14 +109,15 @@ class Index:
                 continue
             texts = [p.text for p in self.passages[i * size:(i + 1) * size]]
             emb = self.encoder.passages(texts)
-            _write_atomic(path, lambda f, e=emb: np.save(f, e, allow_pickle=False))
+            with atomic_write(path) as f:
+                np.save(f, emb, allow_pickle=False)
             self.embedded_batches.append(i)
         manifest = {**plan, "n_batches": n_batches, "dim": self.encoder.dim,
                     "built_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
                     "build_s": round(time.monotonic() - t0, 3),
                     "passage_ids_sha256": hashlib.sha256(
                         "\0".join(p.id for p in self.passages).encode()).hexdigest()}
-        _write_json(self.dir / MANIFEST, manifest)
+        write_json(self.dir / MANIFEST, manifest, sort_keys=True)
 
     def _load(self) -> np.ndarray:
         m = self.manifest

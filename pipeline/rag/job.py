@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from pipeline.config import Config, RagConfig
-from pipeline.data.prompts import Prompt, as_text, make_prompts
+from pipeline.io.prompts import Prompt, as_text, make_prompts
 
 _retrievers: dict[tuple, Any] = {}
 
@@ -51,7 +51,7 @@ async def rag_prompt_batches(questions: list[Prompt], texts: list[Any], cfg: Con
         rendered = make_prompts(
             [build_prompt(text, retriever.passages([h.passage_id for h in row]), template)
              for text, row in zip(asked, hits)],
-            [q.key for q in batch], cfg.job, tokenizer, cfg.model.max_model_len)
+            [q.row_key for q in batch], cfg.job, tokenizer, cfg.model.max_model_len)
         for q, row, r in zip(batch, hits, rendered):
             q.token_ids, q.error, q.truncated = r.token_ids, r.error, r.truncated
             q.passage_ids = [h.passage_id for h in row]

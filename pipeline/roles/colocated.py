@@ -6,14 +6,15 @@ from __future__ import annotations
 import asyncio
 import time
 
-from pipeline.data.output import RowResult
-from pipeline.data.prompts import Prompt
-from pipeline.launch.rundir import RunDir
-from pipeline.metrics import StepRecorder
-from pipeline.roles.engine import (
-    build_engine, load_tokenizer, request_id, sampling_params, stream, worker_id,
-)
-from pipeline.roles.owner import own_shards, shards_for_task
+from pipeline.engine.build import build_engine
+from pipeline.engine.model import load_tokenizer
+from pipeline.engine.steps import StepRecorder
+from pipeline.engine.stream import sampling_params, stream
+from pipeline.io.output import RowResult, served_row
+from pipeline.io.prompts import Prompt
+from pipeline.roles.shard_owner import own_shards, shards_for_task
+from pipeline.runtime.ids import request_id, worker_id
+from pipeline.runtime.rundir import RunDir
 
 
 def colocated_main(run_dir: str, task: int, n_tasks: int, cpus: str | None) -> str:
@@ -34,17 +35,10 @@ async def _colocated(run: RunDir, task: int, n_tasks: int, cpus: str | None) -> 
 
     async def serve(p: Prompt) -> RowResult:
         t0 = time.time()
-        s = await stream(engine, request_id(p.key), p.token_ids, params)
-        first = s.token_times[0] if s.token_times else None
-        return RowResult(
-            generation=s.text, generation_token_ids=s.token_ids, finish_reason=s.finish_reason,
-            output_tokens=len(s.token_ids),
-            prefill_s=(first - t0) if first else None, ttft_s=(first - t0) if first else None,
-            decode_s=(s.token_times[-1] - first) if first else None,
-            prefill_worker=worker,
-            metrics={"prefill_start": t0, "token_times": s.token_times,
-                     "prefix_cached_tokens": s.num_cached_tokens, "tries": 1},
-        )
+        s = await stream(engine, request_id(p.row_key), p.token_ids, params)
+        return served_row(text=s.text, token_ids=s.token_ids, finish_reason=s.finish_reason, error=None,
+                          token_times=s.token_times, prefill_start=t0, prefill_end=None,
+                          prefill_worker=worker, prefix_cached_tokens=s.num_cached_tokens)
 
     try:
         await own_shards(run, cfg, shards, worker, load_tokenizer(cfg), serve)

@@ -9,20 +9,27 @@ import asyncio
 import logging
 import os
 import time
+from typing import TYPE_CHECKING
 
 import msgspec
 import zmq
 import zmq.asyncio
 
-from pipeline.launch.net import side_channel_port, worker_host
-from pipeline.launch.rundir import RunDir
-from pipeline.roles.auth import Unauthenticated, sign, verify
-from pipeline.roles.channel import Handoff, Release, Reserve, Reserved, Result, decode, encode
-from pipeline.metrics import StepRecorder
-from pipeline.roles.engine import (
-    FirstTokenTimeout, Streamed, build_engine, is_worker_failure, kv_bytes_per_token, kv_capacity_tokens, sampling_params,
-    stream, worker_id,
-)
+from pipeline.config import Config
+from pipeline.engine.build import build_engine
+from pipeline.engine.kv_layout import kv_capacity_tokens
+from pipeline.engine.model import model_kv_bytes_per_token
+from pipeline.engine.steps import StepRecorder
+from pipeline.engine.stream import FirstTokenTimeout, Streamed, sampling_params, stream
+from pipeline.roles.errors import is_worker_failure
+from pipeline.runtime.ids import worker_id
+from pipeline.runtime.net import side_channel_port, worker_host
+from pipeline.runtime.rundir import RunDir
+from pipeline.wire.auth import Unauthenticated, sign, verify
+from pipeline.wire.messages import Handoff, Release, Reserve, Reserved, Result, decode, encode
+
+if TYPE_CHECKING:
+    from pipeline.engine.dram_pool import DramPool
 
 log = logging.getLogger(__name__)
 
@@ -42,168 +49,206 @@ async def _decode(run: RunDir, rank: int, cpus: str | None) -> str:
     recorder = StepRecorder(run.path, worker, "decode")
     engine = build_engine(cfg, "decode", cpus=cpus, recorder=recorder,
                           side_channel=(host, side_channel_port(cfg, rank, host)))
-    stalls = _injected_kv_stalls()
-    ctx = zmq.asyncio.Context()
-    sock = ctx.socket(zmq.ROUTER)
-    sock.setsockopt(zmq.LINGER, 1000)
-    port = sock.bind_to_random_port(f"tcp://{host}")
-    # Publishing (again, after a requeue) is what lets prefill workers find this rank; refreshing
-    # it every 2 s is the heartbeat that tells them this rank is alive.
-    endpoint = f"tcp://{host}:{port}"
-    capacity = kv_capacity_tokens(engine)
-    pool, dram_capacity, polling = None, None, None
-    if cfg.offload.dram(cfg.model.max_model_len):
-        from pipeline.kv.dram import DramPool, pool_path
+    server = DecodeServer(run, cfg, rank, worker, engine, host)
+    try:
+        await server.serve_forever()
+    finally:
+        server.close()
+        engine.shutdown()
+        recorder.flush()
+    return worker
 
-        block_size = engine.vllm_config.cache_config.block_size
-        pool = DramPool(pool_path(run.path, rank), int(cfg.offload.dram_gib * 2**30),
-                        block_size * kv_bytes_per_token(cfg), f"pd-decode{rank}-{os.getpid()}-{int(time.time())}",
-                        cfg.transport.nixl_progress_delay_us)
-        dram_capacity = pool.num_slots * block_size
-        polling = asyncio.create_task(pool.poll_notifications())
-    run.publish_decode(rank, endpoint, worker, capacity, dram_capacity)
 
-    async def heartbeat() -> None:
+class DecodeServer:
+    """One decode rank's control socket and its requests in flight.
+
+    Binds a ZeroMQ ROUTER on ``host`` and publishes its endpoint (and KV/DRAM-tier capacity) in
+    the run directory, refreshed every 2 s as the heartbeat. Each :class:`Handoff` becomes a task
+    streaming the request from ``engine``; with ``offload=dram`` it also owns the DRAM tier and
+    answers :class:`Reserve` / :class:`Release`.
+    """
+
+    def __init__(self, run: RunDir, cfg: Config, rank: int, worker: str, engine, host: str):
+        self.run, self.cfg, self.rank, self.worker, self.engine = run, cfg, rank, worker, engine
+        self.stalls = _injected_kv_stalls()
+        self.ctx = zmq.asyncio.Context()
+        self.sock = self.ctx.socket(zmq.ROUTER)
+        self.sock.setsockopt(zmq.LINGER, 1000)
+        port = self.sock.bind_to_random_port(f"tcp://{host}")
+        self.endpoint = f"tcp://{host}:{port}"
+        self.capacity = kv_capacity_tokens(engine)
+        self.pool: DramPool | None = None
+        self.dram_capacity = None
+        self.polling: asyncio.Task | None = None
+        if cfg.offload.dram(cfg.model.max_model_len):
+            from pipeline.engine.dram_pool import DramPool, pool_path
+
+            block_size = engine.vllm_config.cache_config.block_size
+            self.pool = DramPool(pool_path(run.path, rank), int(cfg.offload.dram_gib * 2**30),
+                                 block_size * model_kv_bytes_per_token(cfg),
+                                 f"pd-decode{rank}-{os.getpid()}-{int(time.time())}",
+                                 cfg.transport.nixl_progress_delay_us)
+            self.dram_capacity = self.pool.num_slots * block_size
+            self.polling = asyncio.create_task(self.pool.poll_notifications())
+        # Publishing (again, after a requeue) is what lets prefill workers find this rank;
+        # refreshing it every 2 s is the heartbeat that tells them this rank is alive.
+        self._publish()
+        self.beating = asyncio.create_task(self._heartbeat())
+        self.secret = run.secret()
+        self.live: set[asyncio.Task] = set()
+        # prefill worker -> (its newest attempt, that attempt's tasks)
+        self.attempts: dict[str, tuple[float, set[asyncio.Task]]] = {}
+        # DRAM tier: request id -> (its slots, when reserved); a reservation no hand-off claims
+        # within transport.handoff_timeout_s (its prefill worker died between reserving and
+        # handing off) is released.
+        self.reserved: dict[str, tuple[list[int], float]] = {}
+
+    def _publish(self) -> None:
+        self.run.publish_decode(self.rank, self.endpoint, self.worker, self.capacity, self.dram_capacity)
+
+    async def _heartbeat(self) -> None:
         while True:
             await asyncio.sleep(2.0)
-            await asyncio.to_thread(run.publish_decode, rank, endpoint, worker, capacity, dram_capacity)
+            await asyncio.to_thread(self._publish)
 
-    beating = asyncio.create_task(heartbeat())
-    secret = run.secret()
-    live: set[asyncio.Task] = set()
-    attempts: dict[str, tuple[float, set[asyncio.Task]]] = {}  # owner -> (newest attempt, its tasks)
-    # DRAM tier: request id -> (its slots, when reserved); a reservation no hand-off claims within
-    # transport.handoff_timeout_s (its owner died between reserving and handing off) is released.
-    reserved: dict[str, tuple[list[int], float]] = {}
+    def _spawn(self, coro) -> asyncio.Task:
+        task = asyncio.create_task(coro)
+        self.live.add(task)
+        task.add_done_callback(self.live.discard)
+        return task
 
-    async def reserve(peer: bytes, r: Reserve) -> None:
+    async def serve_forever(self) -> None:
+        """Answer messages until nothing is in flight and the run is settled or stopped.
+
+        Raises:
+            RuntimeError: the vLLM engine died.
+        """
+        while True:
+            if await self.sock.poll(200, zmq.POLLIN):
+                await self._receive()
+            elif not self.live and (self.run.stop_requested() or self.run.all_settled()):
+                return
+            for request_id, (_, at) in list(self.reserved.items()):
+                if time.monotonic() - at > self.cfg.transport.handoff_timeout_s:
+                    log.warning("releasing the DRAM-tier slots of %s: no hand-off came for them", request_id)
+                    await self._release(request_id)
+            if self.engine.errored:
+                raise RuntimeError(f"{self.worker}: its vLLM engine died; see the log above")
+
+    async def _receive(self) -> None:
+        frames = await self.sock.recv_multipart()
+        if len(frames) != 2:
+            return
+        peer, data = frames
         try:
-            slots = await pool.allocate(r.blocks, cfg.transport.handoff_timeout_s)
-        except Exception as exc:  # noqa: BLE001 (the owner turns it into the row's error)
-            why = str(exc) or f"no {r.blocks} free DRAM-tier blocks within {cfg.transport.handoff_timeout_s:.0f} s"
-            answer = Reserved(key=r.key, request_id=r.request_id, pool=None, error=f"{type(exc).__name__}: {why}")
+            msg = decode(verify(self.secret, data))
+        except Unauthenticated:
+            log.warning("dropping a message not signed with this run's secret")
+            return
+        except msgspec.DecodeError as exc:
+            log.warning("dropping a malformed message: %s", exc)
+            return
+        if isinstance(msg, Reserve) and self.pool is not None:
+            self._spawn(self._reserve(peer, msg))
+        elif isinstance(msg, Release) and self.pool is not None:
+            await self._release(msg.request_id)
+        elif isinstance(msg, Handoff):
+            newest, tasks = self.attempts.get(msg.prefill_worker, (msg.attempt, set()))
+            if msg.attempt > newest:
+                # The prefill worker restarted: its earlier attempt's requests have no reader.
+                for t in tasks:
+                    t.cancel()
+                newest, tasks = msg.attempt, set()
+            elif msg.attempt < newest:
+                return
+            task = self._spawn(self._serve(peer, msg))
+            tasks.add(task)
+            self.attempts[msg.prefill_worker] = (newest, tasks)
+            task.add_done_callback(tasks.discard)
+
+    async def _answer(self, peer: bytes, msg: Result | Reserved) -> None:
+        await self.sock.send_multipart([peer, sign(self.secret, encode(msg))])
+
+    async def _reserve(self, peer: bytes, r: Reserve) -> None:
+        timeout_s = self.cfg.transport.handoff_timeout_s
+        try:
+            slots = await self.pool.allocate(r.blocks, timeout_s)
+        except Exception as exc:  # noqa: BLE001 (the prefill worker turns it into the row's error)
+            why = str(exc) or f"no {r.blocks} free DRAM-tier blocks within {timeout_s:.0f} s"
+            answer = Reserved(row_key=r.row_key, request_id=r.request_id, pool=None,
+                              error=f"{type(exc).__name__}: {why}")
         else:
-            reserved[r.request_id] = (slots, time.monotonic())
-            answer = Reserved(key=r.key, request_id=r.request_id,
-                              pool={**pool.describe(), "slots": slots, "notif": r.request_id})
-        await sock.send_multipart([peer, sign(secret, encode(answer))])
+            self.reserved[r.request_id] = (slots, time.monotonic())
+            answer = Reserved(row_key=r.row_key, request_id=r.request_id,
+                              pool={**self.pool.describe(), "slots": slots, "notif": r.request_id})
+        await self._answer(peer, answer)
 
-    async def release(request_id: str) -> None:
-        slots, _ = reserved.pop(request_id, (None, 0))
+    async def _release(self, request_id: str) -> None:
+        slots, _ = self.reserved.pop(request_id, (None, 0))
         if slots is not None:
-            await pool.release(slots)
+            await self.pool.release(slots)
 
-    async def serve_from_dram(h: Handoff) -> Streamed:
+    async def _from_dram(self, h: Handoff) -> Streamed:
         """Wait until the prefill worker's write into the reserved slots completed, then decode
         with the KV loaded from them; the slots are released when the request ends."""
-        slots, _ = reserved.pop(h.request_id, (None, 0))
+        slots, _ = self.reserved.pop(h.request_id, (None, 0))
         if slots is None:
             raise FirstTokenTimeout(f"no DRAM-tier reservation for {h.request_id} (expired?)")
+        kv_timeout_s = self.cfg.transport.kv_timeout_s
         try:
             try:
-                await pool.arrived(h.request_id, cfg.transport.kv_timeout_s)
+                await self.pool.arrived(h.request_id, kv_timeout_s)
             except asyncio.TimeoutError:
                 raise FirstTokenTimeout(f"its KV write into the DRAM tier did not complete within "
-                                        f"{cfg.transport.kv_timeout_s:g} s") from None
-            params = sampling_params(cfg.job.sampling, max_tokens=h.max_tokens, kv_transfer_params={
-                "dram_slots": slots, "dram_pool": {"path": str(pool.path), "num_slots": pool.num_slots}})
-            return await stream(engine, h.request_id, h.prompt_token_ids, params)
+                                        f"{kv_timeout_s:g} s") from None
+            params = sampling_params(self.cfg.job.sampling, max_tokens=h.max_tokens, kv_transfer_params={
+                "dram_slots": slots, "dram_pool": {"path": str(self.pool.path), "num_slots": self.pool.num_slots}})
+            return await stream(self.engine, h.request_id, h.prompt_token_ids, params)
         finally:
-            await pool.release(slots)
+            await self.pool.release(slots)
 
-    async def serve_from_prefill(h: Handoff, rid: str) -> Streamed:
+    async def _from_prefill(self, h: Handoff, rid: str) -> Streamed:
         """Decode with vLLM's NIXL connector taking the KV from the prefill worker's blocks."""
         # remote_prefill_cached_tokens only feeds vLLM's reporting, where it would replace this
         # engine's own count of prompt tokens it did not compute; drop it so kv_tokens
         # measures what this worker received instead of recomputing.
         kv_params = {k: v for k, v in h.kv_transfer_params.items() if k != "remote_prefill_cached_tokens"}
-        params = sampling_params(cfg.job.sampling, max_tokens=h.max_tokens, kv_transfer_params=kv_params)
-        return await stream(engine, rid, h.prompt_token_ids, params, first_token_timeout_s=cfg.transport.kv_timeout_s)
+        params = sampling_params(self.cfg.job.sampling, max_tokens=h.max_tokens, kv_transfer_params=kv_params)
+        return await stream(self.engine, rid, h.prompt_token_ids, params,
+                            first_token_timeout_s=self.cfg.transport.kv_timeout_s)
 
-    async def serve(peer: bytes, h: Handoff) -> None:
-        nonlocal stalls
+    async def _serve(self, peer: bytes, h: Handoff) -> None:
         arrived = time.time()
         rid = h.request_id
-        if stalls > 0:
+        if self.stalls > 0:
             # Fault injection (tests): register under an id the prefill engine does not know,
             # so the NIXL push never arrives and the request waits for KV until it times out.
-            stalls -= 1
+            self.stalls -= 1
             rid += "stalled"
+        failed = dict(row_key=h.row_key, decode_worker=self.worker, token_ids=[], text="",
+                      finish_reason=None, kv_tokens=0, arrived_at=arrived, token_times=[])
         try:
-            if "dram" in h.kv_transfer_params:
-                s = await serve_from_dram(h)
-            else:
-                s = await serve_from_prefill(h, rid)
-            result = Result(key=h.key, decode_worker=worker, token_ids=s.token_ids, text=s.text,
+            s = await (self._from_dram(h) if "dram" in h.kv_transfer_params else self._from_prefill(h, rid))
+            result = Result(row_key=h.row_key, decode_worker=self.worker, token_ids=s.token_ids, text=s.text,
                             finish_reason=s.finish_reason, error=None, kv_tokens=s.num_cached_tokens,
                             arrived_at=arrived, token_times=s.token_times)
         except FirstTokenTimeout as exc:
-            log.warning("request %s: its KV did not arrive (%s); asking its owner to prefill it again", rid, exc)
-            result = Result(key=h.key, decode_worker=worker, token_ids=[], text="", finish_reason=None,
-                            error=f"KV transfer did not complete: {exc}", kv_tokens=0,
-                            arrived_at=arrived, token_times=[], retry=True)
-        except Exception as exc:  # the row becomes an error row at its owner
+            log.warning("request %s: its KV did not arrive (%s); asking its prefill worker to prefill it again",
+                        rid, exc)
+            result = Result(**failed, error=f"KV transfer did not complete: {exc}", retry=True)
+        except Exception as exc:  # the row becomes an error row at its prefill worker
             if is_worker_failure(exc):
-                raise  # this engine is dead: no answer; the owner's hand-off times out
-            result = Result(key=h.key, decode_worker=worker, token_ids=[], text="", finish_reason=None,
-                            error=f"decode failed: {type(exc).__name__}: {exc}", kv_tokens=0,
-                            arrived_at=arrived, token_times=[])
-        await sock.send_multipart([peer, sign(secret, encode(result))])
+                raise  # this engine is dead: no answer; the prefill worker's hand-off times out
+            result = Result(**failed, error=f"decode failed: {type(exc).__name__}: {exc}")
+        await self._answer(peer, result)
 
-    try:
-        while True:
-            if await sock.poll(200, zmq.POLLIN):
-                frames = await sock.recv_multipart()
-                if len(frames) != 2:
-                    continue
-                peer, data = frames
-                try:
-                    msg = decode(verify(secret, data))
-                except Unauthenticated:
-                    log.warning("dropping a message not signed with this run's secret")
-                    continue
-                except msgspec.DecodeError as exc:
-                    log.warning("dropping a malformed message: %s", exc)
-                    continue
-                if isinstance(msg, Reserve) and pool is not None:
-                    task = asyncio.create_task(reserve(peer, msg))
-                    live.add(task)
-                    task.add_done_callback(live.discard)
-                elif isinstance(msg, Release) and pool is not None:
-                    await release(msg.request_id)
-                elif isinstance(msg, Handoff):
-                    newest, tasks = attempts.get(msg.owner, (msg.attempt, set()))
-                    if msg.attempt > newest:
-                        # The owner restarted: its earlier attempt's requests have no reader.
-                        for t in tasks:
-                            t.cancel()
-                        newest, tasks = msg.attempt, set()
-                    elif msg.attempt < newest:
-                        continue
-                    task = asyncio.create_task(serve(peer, msg))
-                    live.add(task)
-                    tasks.add(task)
-                    attempts[msg.owner] = (newest, tasks)
-                    task.add_done_callback(live.discard)
-                    task.add_done_callback(tasks.discard)
-            elif not live and (run.stop_requested() or run.all_settled()):
-                break
-            for request_id, (_, at) in list(reserved.items()):
-                if time.monotonic() - at > cfg.transport.handoff_timeout_s:
-                    log.warning("releasing the DRAM-tier slots of %s: no hand-off came for them", request_id)
-                    await release(request_id)
-            if engine.errored:
-                raise RuntimeError(f"{worker}: its vLLM engine died; see the log above")
-    finally:
-        beating.cancel()
-        if polling is not None:
-            polling.cancel()
-            pool.close()
-        sock.close()
-        ctx.term()
-        engine.shutdown()
-        recorder.flush()
-    return worker
+    def close(self) -> None:
+        self.beating.cancel()
+        if self.polling is not None:
+            self.polling.cancel()
+            self.pool.close()
+        self.sock.close()
+        self.ctx.term()
 
 
 def _injected_kv_stalls() -> int:

@@ -1,256 +1,22 @@
 """Prefill worker: owns its shards end to end. For each row it runs a 1-token prefill with
-``do_remote_decode`` (vLLM keeps the KV for a NIXL connector), hands the request to the least
-loaded decode worker, waits for the generation, and writes the output shard."""
+``do_remote_decode`` (vLLM keeps the KV for a NIXL connector), hands the request to a decode
+worker (:mod:`pipeline.roles.handoff`, :mod:`pipeline.roles.router`), waits for the generation,
+and writes the output shard (:mod:`pipeline.roles.shard_owner`)."""
 
 from __future__ import annotations
 
 import asyncio
-import hashlib
-import logging
 import time
 
-import msgspec
-import zmq
-import zmq.asyncio
-
-from pipeline.config import Config
-from pipeline.data.output import RowResult
-from pipeline.data.prompts import Prompt
-from pipeline.launch.net import side_channel_port, worker_host
-from pipeline.launch.rundir import RunDir
-from pipeline.metrics import StepRecorder
-from pipeline.roles.auth import Unauthenticated, sign, verify
-from pipeline.roles.channel import Handoff, Release, Reserve, Reserved, Result, decode, encode
-from pipeline.roles.engine import (
-    build_engine, kv_bytes_per_token, load_tokenizer, request_id, sampling_params, stream,
-    worker_id,
-)
-from pipeline.roles.owner import own_shards, shards_for_task
-
-log = logging.getLogger(__name__)
-
-# What the prefill request tells vLLM's NIXL connectors: keep the KV for a remote decode.
-REMOTE_DECODE = {"do_remote_decode": True, "do_remote_prefill": False, "remote_engine_id": None,
-                 "remote_block_ids": None, "remote_host": None, "remote_port": None}
-
-
-class DecodeUnavailable(RuntimeError):
-    """No decode worker published its endpoint in time."""
-
-
-async def wait_for_decode(run: RunDir, count: int, timeout_s: float) -> dict[int, dict[str, str]]:
-    """Wait until ``count`` decode ranks have published endpoints in the run directory.
-
-    Raises:
-        DecodeUnavailable: fewer than ``count`` appeared within ``timeout_s`` seconds.
-    """
-    deadline = time.monotonic() + timeout_s
-    while True:
-        endpoints = run.decode_endpoints()
-        if len(endpoints) >= count:
-            return endpoints
-        if time.monotonic() > deadline:
-            raise DecodeUnavailable(
-                f"{len(endpoints)} of {count} decode workers came up within {timeout_s:.0f} s; "
-                f"see their logs in {run.logs}")
-        await asyncio.sleep(0.5)
-
-
-class DecodeLost(RuntimeError):
-    """The decode worker holding a hand-off died or was restarted; the row must be served again."""
-
-
-class KVTooLarge(ValueError):
-    """A request's KV (prompt + new tokens) exceeds the KV cache of every decode worker: no
-    worker could ever hold it, so it must not be handed off (it would wait forever)."""
-
-
-class DecodeClients:
-    """Connections to the decode workers. :meth:`handoff` sends to the live worker with the most
-    free KV cache and waits for its :class:`Result`. Admission counts KV tokens, not requests:
-    a worker's load is the KV its hand-offs in flight will reach (prompt + new tokens each) as a
-    fraction of the tokens its KV cache holds (published by the worker at start).
-
-    A monitor re-reads the decode endpoints every second: a worker whose heartbeat (in its
-    endpoint file) is older than ``dead_after_s`` seconds is dead, one that published a new
-    endpoint was restarted; either way its in-flight hand-offs fail with :class:`DecodeLost`
-    (the caller serves them again) and new hand-offs go elsewhere, or wait for it to come back.
-    """
-
-    def __init__(self, run: RunDir, timeout_s: float, dead_after_s: float, secret: bytes):
-        self.run, self.timeout_s, self.dead_after_s, self.secret = run, timeout_s, dead_after_s, secret
-        self.ctx = zmq.asyncio.Context()
-        self.endpoints: dict[int, str] = {}
-        self.sockets: dict[int, zmq.asyncio.Socket] = {}
-        self.receivers: dict[int, asyncio.Task] = {}
-        # rank -> row key (hand-off) or ("reserve", request id) -> its answer
-        self.inflight: dict[int, dict[str | tuple[str, str], asyncio.Future]] = {}
-        self.inflight_tokens: dict[int, int] = {}  # rank -> KV tokens its hand-offs in flight reach
-        self.capacity: dict[int, int | None] = {}  # rank -> tokens its KV cache holds
-        self.dram_capacity: dict[int, int | None] = {}  # rank -> tokens its DRAM tier holds
-        self.live: set[int] = set()
-        self.changed = asyncio.Event()
-        self._refresh()
-        self.monitor = asyncio.create_task(self._watch())
-
-    def _refresh(self) -> None:
-        now = time.time()
-        for rank, ep in self.run.decode_endpoints().items():
-            alive = now - ep.get("heartbeat", now) < self.dead_after_s
-            self.capacity[rank] = ep.get("kv_capacity_tokens")
-            self.dram_capacity[rank] = ep.get("dram_capacity_tokens")
-            if ep["endpoint"] != self.endpoints.get(rank):
-                self._drop(rank, f"decode rank {rank} restarted")
-                s = self.ctx.socket(zmq.DEALER)
-                s.setsockopt(zmq.LINGER, 0)
-                s.connect(ep["endpoint"])
-                self.endpoints[rank], self.sockets[rank] = ep["endpoint"], s
-                self.receivers[rank] = asyncio.create_task(self._receive(rank, s))
-            if alive and rank not in self.live:
-                self.live.add(rank)
-                self.changed.set()
-            elif not alive and rank in self.live:
-                self._drop(rank, f"decode rank {rank} stopped answering (no heartbeat for {self.dead_after_s:.0f} s)")
-
-    def _drop(self, rank: int, why: str) -> None:
-        self.live.discard(rank)
-        for fut in self.inflight.pop(rank, {}).values():
-            if not fut.done():
-                fut.set_exception(DecodeLost(why))
-        if rank in self.receivers:
-            self.receivers.pop(rank).cancel()
-            self.sockets.pop(rank).close()
-            self.endpoints.pop(rank, None)
-
-    async def _watch(self) -> None:
-        while True:
-            await asyncio.sleep(1.0)
-            self._refresh()
-
-    async def _receive(self, rank: int, sock: zmq.asyncio.Socket) -> None:
-        while True:
-            try:
-                msg = decode(verify(self.secret, await sock.recv()))
-            except (Unauthenticated, msgspec.DecodeError):
-                continue
-            fut = None
-            if isinstance(msg, Result):
-                fut = self.inflight.get(rank, {}).get(msg.key)
-            elif isinstance(msg, Reserved):
-                fut = self.inflight.get(rank, {}).get(("reserve", msg.request_id))
-            if fut is not None and not fut.done():
-                fut.set_result(msg)
-
-    def check_fits(self, kv_tokens: int, prompt_tokens: int | None = None) -> None:
-        """Raise :class:`KVTooLarge` if no known decode worker's KV cache holds ``kv_tokens``
-        tokens, or (given ``prompt_tokens``, with the DRAM tier) no worker's DRAM tier holds the
-        prompt's KV (nothing is known before the first worker publishes its capacity)."""
-        known = [c for c in self.capacity.values() if c]
-        if known and kv_tokens > max(known):
-            raise KVTooLarge(
-                f"the request needs KV for {kv_tokens} tokens (prompt + max new tokens) but the largest "
-                f"decode worker's KV cache holds {max(known)} tokens; shorten the prompt, lower "
-                f"job.sampling.max_new_tokens, or give decode more KV cache (model.kv_cache_gib)")
-        dram = [c for c in self.dram_capacity.values() if c]
-        if prompt_tokens is not None and dram and prompt_tokens > max(dram):
-            raise KVTooLarge(
-                f"the prompt's KV ({prompt_tokens} tokens) exceeds the largest decode worker's DRAM tier "
-                f"({max(dram)} tokens); raise offload.dram_gib")
-
-    async def _pick(self, wait_s: float, route: str | None = None, kv_tokens: int = 0) -> int:
-        deadline = time.monotonic() + wait_s
-        while True:
-            # Live workers big enough for this request (a worker of unknown size counts as one).
-            fits = {r for r in self.live if (self.capacity.get(r) or kv_tokens) >= kv_tokens}
-            if fits:
-                break
-            if self.live:  # live workers, none big enough; raises unless a capacity is unknown
-                self.check_fits(kv_tokens)
-            self.changed.clear()
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise DecodeUnavailable(f"no decode worker alive for {wait_s:.0f} s")
-            try:
-                await asyncio.wait_for(self.changed.wait(), left)
-            except asyncio.TimeoutError:
-                pass
-        if route is not None:
-            # Prefix-aware: the same prefix always meets the same live worker (rendezvous
-            # hashing: when a worker dies, only its prefixes move), whose prefix cache then
-            # already holds the shared blocks and takes less KV over NIXL.
-            return max(fits, key=lambda r: hashlib.blake2b(f"{r}/{route}".encode(), digest_size=8).digest())
-        if all(self.capacity.get(r) for r in fits):
-            # Least loaded by KV: (tokens in flight + this request's) / capacity; ties by rank.
-            return min(fits, key=lambda r: ((self.inflight_tokens.get(r, 0) + kv_tokens) / self.capacity[r], r))
-        return min(fits, key=lambda r: (len(self.inflight.get(r, {})), r))
-
-    async def reserve(self, r: Reserve, kv_tokens: int, wait_s: float, route: str | None = None) -> tuple[int, dict]:
-        """Reserve ``r.blocks`` slots of a decode worker's DRAM tier for ``r.request_id``, on the
-        worker the request would be handed to (see :meth:`handoff`). Waits while the tier is
-        full: this is where a prefill worker waits for decode capacity with ``offload=dram``.
-        Returns (the worker's rank, what the prefill engine needs to write there).
-
-        Raises:
-            KVTooLarge: no decode worker could ever hold the request.
-            DecodeLost: that worker died or restarted before answering.
-            DecodeUnavailable: no decode worker was alive for ``wait_s`` seconds.
-            RuntimeError: the worker could not reserve the slots (its reason).
-            TimeoutError: no answer within ``transport.handoff_timeout_s`` seconds.
-        """
-        rank = await self._pick(wait_s, route, kv_tokens)
-        key = ("reserve", r.request_id)
-        fut = asyncio.get_running_loop().create_future()
-        self.inflight.setdefault(rank, {})[key] = fut
-        try:
-            await self.sockets[rank].send(sign(self.secret, encode(r)))
-            ans: Reserved = await asyncio.wait_for(fut, self.timeout_s)
-        except asyncio.TimeoutError:
-            raise TimeoutError(f"decode rank {rank} reserved no DRAM-tier slots within {self.timeout_s:.0f} s") from None
-        finally:
-            self.inflight.get(rank, {}).pop(key, None)
-        if ans.error is not None or ans.pool is None:
-            raise RuntimeError(f"decode rank {rank} could not reserve DRAM-tier slots: {ans.error}")
-        return rank, ans.pool
-
-    async def release(self, rank: int, request_id: str) -> None:
-        """Give back a reservation no hand-off will claim (best effort: the worker also expires it)."""
-        if rank in self.sockets:
-            await self.sockets[rank].send(sign(self.secret, encode(Release(request_id=request_id))))
-
-    async def handoff(self, h: Handoff, wait_s: float, route: str | None = None, rank: int | None = None) -> Result:
-        """Send ``h`` to a live decode worker whose KV cache can hold it (waiting up to ``wait_s``
-        seconds for one); return its result. ``route`` (a prompt-prefix key) picks among them by
-        hashing; without it the worker with the most free KV is chosen. ``rank``: send to this
-        worker (the one holding the request's DRAM-tier reservation) while it is live.
-
-        Raises:
-            KVTooLarge: no live decode worker's KV cache holds prompt + ``max_tokens`` tokens.
-            DecodeLost: that worker died or restarted before answering.
-            DecodeUnavailable: no decode worker was alive for ``wait_s`` seconds.
-            TimeoutError: no result within ``transport.handoff_timeout_s`` seconds.
-        """
-        need = len(h.prompt_token_ids) + h.max_tokens
-        if rank is None or rank not in self.live:
-            rank = await self._pick(wait_s, route, need)
-        fut = asyncio.get_running_loop().create_future()
-        self.inflight.setdefault(rank, {})[h.key] = fut
-        self.inflight_tokens[rank] = self.inflight_tokens.get(rank, 0) + need
-        try:
-            await self.sockets[rank].send(sign(self.secret, encode(h)))
-            return await asyncio.wait_for(fut, self.timeout_s)
-        except asyncio.TimeoutError:
-            raise TimeoutError(f"decode rank {rank} gave no result within {self.timeout_s:.0f} s") from None
-        finally:
-            self.inflight.get(rank, {}).pop(h.key, None)
-            self.inflight_tokens[rank] = self.inflight_tokens.get(rank, 0) - need
-
-    def close(self) -> None:
-        self.monitor.cancel()
-        for t in self.receivers.values():
-            t.cancel()
-        for s in self.sockets.values():
-            s.close()
-        self.ctx.term()
+from pipeline.engine.build import build_engine
+from pipeline.engine.model import load_tokenizer, model_kv_bytes_per_token
+from pipeline.engine.steps import StepRecorder
+from pipeline.roles.handoff import PrefillHandoff
+from pipeline.roles.router import DecodeRouter, wait_for_decode
+from pipeline.roles.shard_owner import own_shards, shards_for_task
+from pipeline.runtime.ids import worker_id
+from pipeline.runtime.net import side_channel_port, worker_host
+from pipeline.runtime.rundir import RunDir
 
 
 def prefill_main(run_dir: str, task: int, n_tasks: int, cpus: str | None) -> str:
@@ -261,7 +27,7 @@ def prefill_main(run_dir: str, task: int, n_tasks: int, cpus: str | None) -> str
 
 async def _prefill(run: RunDir, task: int, n_tasks: int, cpus: str | None) -> str:
     attempt = time.time()
-    cfg: Config = run.config()
+    cfg = run.config()
     worker = worker_id("prefill", task)
     shards = shards_for_task(run.shards(), task, n_tasks)
     if not shards:
@@ -270,95 +36,16 @@ async def _prefill(run: RunDir, task: int, n_tasks: int, cpus: str | None) -> st
     port = side_channel_port(cfg, cfg.pools.decode + task, host)
     recorder = StepRecorder(run.path, worker, "prefill")
     engine = build_engine(cfg, "prefill", cpus=cpus, side_channel=(host, port), recorder=recorder)
-    kv_per_token = kv_bytes_per_token(cfg)
-    clients = None
+    router = None
     try:
         await wait_for_decode(run, cfg.pools.decode, cfg.transport.connect_timeout_s)
-        clients = DecodeClients(run, cfg.transport.handoff_timeout_s, cfg.transport.decode_dead_after_s,
-                                run.secret())
-
-        dram = cfg.offload.dram(cfg.model.max_model_len)
-        block_size = engine.vllm_config.cache_config.block_size
-
-        async def serve(p: Prompt) -> RowResult:
-            tries = cfg.transport.handoff_retries + 1
-            need = len(p.token_ids) + cfg.job.sampling.max_new_tokens
-            # A request no decode worker can hold is an error row before it costs a prefill.
-            clients.check_fits(need, len(p.token_ids) if dram else None)
-            capacity_wait = 0.0
-            for n in range(tries):
-                rid = request_id(p.key, n)
-                route = p.prefix_key if n == 0 else None
-                rank, kv_params = None, REMOTE_DECODE
-                if dram:
-                    # Slots in a decode worker's DRAM tier first: the prefill engine writes the KV
-                    # there when the prefill ends and frees its own blocks at once.
-                    t_wait = time.time()
-                    try:
-                        rank, pool = await clients.reserve(Reserve(
-                            key=p.key, request_id=rid, owner=worker, attempt=attempt,
-                            blocks=-(-len(p.token_ids) // block_size)), need, cfg.transport.connect_timeout_s, route)
-                    except (DecodeLost, TimeoutError) as exc:
-                        if n + 1 == tries:
-                            raise
-                        log.warning("row %s: %s; reserving again (try %d of %d)", p.key, exc, n + 2, tries)
-                        continue
-                    finally:
-                        capacity_wait += time.time() - t_wait
-                    kv_params = {"dram": pool}
-                t0 = time.time()
-                try:
-                    pre = await stream(engine, rid, p.token_ids, sampling_params(
-                        cfg.job.sampling, max_tokens=1, kv_transfer_params=kv_params))
-                except BaseException:
-                    if rank is not None:
-                        await clients.release(rank, rid)
-                    raise
-                t_prefilled = time.time()
-                if not pre.kv_transfer_params:
-                    raise RuntimeError("prefill returned no kv_transfer_params; is a KV connector configured?")
-                try:
-                    res = await clients.handoff(Handoff(
-                        key=p.key, request_id=rid, owner=worker, attempt=attempt,
-                        prompt_token_ids=p.token_ids, max_tokens=cfg.job.sampling.max_new_tokens,
-                        temperature=cfg.job.sampling.temperature, top_p=cfg.job.sampling.top_p,
-                        seed=cfg.job.sampling.seed, kv_transfer_params=pre.kv_transfer_params,
-                        prefill_done_at=t_prefilled), wait_s=cfg.transport.connect_timeout_s,
-                        route=route, rank=rank)
-                except (DecodeLost, TimeoutError) as exc:
-                    # The KV this prefill produced is gone with that decode worker (or never
-                    # arrived): prefill again and hand off to a live one.
-                    if n + 1 == tries:
-                        raise
-                    log.warning("row %s: %s; serving it again (try %d of %d)", p.key, exc, n + 2, tries)
-                    continue
-                if not res.retry:
-                    break
-                # The decode worker gave up waiting for this request's KV and aborted it.
-                if n + 1 < tries:
-                    log.warning("row %s: %s; serving it again (try %d of %d)", p.key, res.error, n + 2, tries)
-            first = res.token_times[0] if res.token_times else None
-            error = res.error if not res.retry else f"{res.error} (after {tries} tries)"
-            return RowResult(
-                generation=None if error else res.text,
-                generation_token_ids=None if error else res.token_ids,
-                finish_reason=res.finish_reason, output_tokens=len(res.token_ids), error=error,
-                prefill_s=t_prefilled - t0,
-                kv_handoff_s=(first - t_prefilled) if first else None,
-                ttft_s=(first - t0) if first else None,
-                decode_s=(res.token_times[-1] - first) if first else None,
-                kv_tokens=res.kv_tokens, kv_bytes=res.kv_tokens * kv_per_token,
-                prefill_worker=worker, decode_worker=res.decode_worker,
-                metrics={"prefill_start": t0, "prefill_end": t_prefilled,
-                         "decode_arrived_at": res.arrived_at, "token_times": res.token_times,
-                         "prefix_cached_tokens": pre.num_cached_tokens, "tries": n + 1,
-                         "capacity_wait_s": capacity_wait if dram else None},
-            )
-
-        await own_shards(run, cfg, shards, worker, load_tokenizer(cfg), serve)
+        router = DecodeRouter(run, cfg.transport.handoff_timeout_s, cfg.transport.decode_dead_after_s,
+                              run.secret())
+        handoff = PrefillHandoff(cfg, engine, router, worker, attempt, model_kv_bytes_per_token(cfg))
+        await own_shards(run, cfg, shards, worker, load_tokenizer(cfg), handoff.serve)
     finally:
-        if clients is not None:
-            clients.close()
+        if router is not None:
+            router.close()
         engine.shutdown()
         recorder.flush()
     return worker

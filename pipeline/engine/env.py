@@ -1,0 +1,63 @@
+"""The process environment a worker's engine starts with (vLLM's CPU backend and NIXL/UCX read
+it at start-up) and the CPU pinning of the engine's processes."""
+
+from __future__ import annotations
+
+import os
+
+from pipeline.config import Config
+
+
+def engine_env(cfg: Config, *, cpus: str | None, side_channel: tuple[str, int] | None) -> dict[str, str]:
+    """Environment variables for one worker's engine.
+
+    ``cpus`` is a core list for ``VLLM_CPU_OMP_THREADS_BIND`` (``"0"``, ``"0,1"``) or None for
+    vLLM's own choice. ``side_channel`` is this worker's NIXL handshake (host, port).
+    """
+    env = {
+        "VLLM_CPU_KVCACHE_SPACE": f"{cfg.model.kv_cache_gib:g}",
+        "VLLM_LOGGING_LEVEL": os.environ.get("VLLM_LOGGING_LEVEL", "WARNING"),
+        "TOKENIZERS_PARALLELISM": "false",
+    }
+    if cpus is not None:
+        env["VLLM_CPU_OMP_THREADS_BIND"] = cpus
+        env["VLLM_CPU_NUM_OF_RESERVED_CPU"] = "0"
+    if side_channel is not None:
+        env["VLLM_NIXL_SIDE_CHANNEL_HOST"] = side_channel[0]
+        env["VLLM_NIXL_SIDE_CHANNEL_PORT"] = str(side_channel[1])
+    if cfg.transport.ucx_tls:
+        env["UCX_TLS"] = cfg.transport.ucx_tls
+    if cfg.transport.ucx_net_devices:
+        env["UCX_NET_DEVICES"] = cfg.transport.ucx_net_devices
+    return env
+
+
+def parse_cpus(cpus: str) -> set[int]:
+    """``"0,2-3"`` -> ``{0, 2, 3}``."""
+    out: set[int] = set()
+    for part in cpus.split(","):
+        lo, _, hi = part.partition("-")
+        out.update(range(int(lo), int(hi or lo) + 1))
+    return out
+
+
+def pin_descendants(cpus: set[int]) -> None:
+    """Confine every thread of this process's descendants (the engine core and its workers) that
+    runs outside ``cpus`` to ``cpus``.
+
+    vLLM's NIXL connector on the CPU platform moves the model worker's main thread, which is also
+    its OpenMP master thread, to the last core of each NUMA node to "reserve" it for KV
+    transfers (``NixlConnectorWorker.__init__``, vLLM 0.32). On one machine every engine then
+    computes on that same core and the others idle: measured here, both engines' workers ended
+    on core 1 with the prefill engine bound to core 0. Threads created later inherit this mask.
+    """
+    import psutil
+
+    for child in psutil.Process().children(recursive=True):
+        try:
+            for thread in child.threads():
+                # Threads already inside the slice keep their own (per-OpenMP-thread) binding.
+                if not os.sched_getaffinity(thread.id) <= cpus:
+                    os.sched_setaffinity(thread.id, cpus)
+        except (psutil.Error, OSError):
+            continue

@@ -1,0 +1,91 @@
+"""One request through a vLLM engine: its sampling parameters, and streaming its output with a
+timestamp per token."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from pipeline.config import SamplingConfig
+
+if TYPE_CHECKING:
+    from vllm import SamplingParams
+    from vllm.v1.engine.async_llm import AsyncLLM
+
+
+@dataclass
+class Streamed:
+    """What one request produced. ``token_times`` are wall-clock seconds (``time.time()``) at which
+    each output token reached this process, one per entry of ``token_ids``."""
+
+    token_ids: list[int] = field(default_factory=list)
+    text: str = ""
+    token_times: list[float] = field(default_factory=list)
+    finish_reason: str | None = None
+    num_cached_tokens: int = 0
+    kv_transfer_params: dict[str, Any] | None = None
+
+
+def sampling_params(sampling: SamplingConfig, max_tokens: int | None = None,
+                    kv_transfer_params: dict[str, Any] | None = None) -> "SamplingParams":
+    """vLLM sampling parameters that stream new tokens only (``DELTA``), optionally carrying
+    ``kv_transfer_params`` for the NIXL connector."""
+    from vllm import SamplingParams
+    from vllm.sampling_params import RequestOutputKind
+
+    return SamplingParams(
+        max_tokens=max_tokens if max_tokens is not None else sampling.max_new_tokens,
+        temperature=sampling.temperature,
+        top_p=sampling.top_p,
+        seed=sampling.seed,
+        output_kind=RequestOutputKind.DELTA,
+        extra_args={"kv_transfer_params": kv_transfer_params} if kv_transfer_params else None,
+    )
+
+
+class FirstTokenTimeout(TimeoutError):
+    """A request produced no output within its first-token deadline (on a decode worker: its KV
+    never arrived); vLLM has aborted it."""
+
+
+async def stream(engine: "AsyncLLM", request_id: str, prompt_token_ids: list[int],
+                 params: "SamplingParams", first_token_timeout_s: float | None = None) -> Streamed:
+    """Run one request to completion, timestamping every output token as it arrives.
+
+    Raises:
+        FirstTokenTimeout: no output within ``first_token_timeout_s`` seconds (the request is
+            aborted in the engine, freeing its blocks).
+        Exception: whatever vLLM raises for the request (for example a prompt longer than the
+            context).
+    """
+    out = Streamed()
+    outputs = aiter(engine.generate({"prompt_token_ids": prompt_token_ids}, params, request_id))
+    try:
+        first = True
+        while True:
+            try:
+                if first and first_token_timeout_s is not None:
+                    ro = await asyncio.wait_for(anext(outputs), first_token_timeout_s)
+                else:
+                    ro = await anext(outputs)
+            except StopAsyncIteration:
+                break
+            except asyncio.TimeoutError:
+                raise FirstTokenTimeout(
+                    f"no output within {first_token_timeout_s:g} s of submitting the request") from None
+            first = False
+            now = time.time()
+            completion = ro.outputs[0]
+            out.token_ids.extend(completion.token_ids)
+            out.token_times.extend([now] * len(completion.token_ids))
+            out.text += completion.text
+            # num_cached_tokens is reported with the first output; keep the largest value seen.
+            out.num_cached_tokens = max(out.num_cached_tokens, ro.num_cached_tokens or 0)
+            if ro.finished:
+                out.finish_reason = completion.finish_reason
+                out.kv_transfer_params = ro.kv_transfer_params
+    finally:
+        await outputs.aclose()  # aborts the request in the engine if it did not finish
+    return out

@@ -1,0 +1,178 @@
+"""Per-request and per-worker metrics, written as Parquet in the run directory next to the output.
+
+``RUN_DIR/metrics/requests/<shard name>/part-<n>.parquet``: one row per served row (rows that
+became error rows before prefill, such as empty text, have no metrics). Written by the shard's
+owner each time it checkpoints a batch of finished rows, so a resumed run keeps the metrics of
+rows finished before the interruption. All times are wall-clock seconds since the epoch
+(``time.time()``), so rows from different workers on one node line up; across nodes they are as
+good as the nodes' clock synchronisation (NTP: ~1 ms).
+
+==================  =============  ======================================================
+column              type           meaning
+==================  =============  ======================================================
+key                 string         ``"<shard index>:<row index>"``
+shard               string         input shard file name
+row                 int64          row index in the shard
+prefill_worker      string         worker id of the prefill (or colocated) worker
+decode_worker       string         worker id of the decode worker; null when colocated
+read_at             float64        the shard was read (the row became ready to serve)
+prefill_start       float64        the row entered prefill (queue wait = this - read_at)
+prefill_end         float64        prefill finished: KV ready for hand-off (null colocated)
+decode_arrived_at   float64        the hand-off reached the decode worker (null colocated)
+token_times         list<float64>  when each output token was seen, one per token
+prompt_tokens       int32          tokens in the prompt
+output_tokens       int32          tokens generated
+kv_tokens           int64          prompt tokens whose KV decode received over NIXL
+kv_bytes            int64          kv_tokens x KV bytes per token
+prefix_cached_tokens int64         prompt tokens the prefill engine found in its prefix cache
+tries               int32          times the row was prefilled (> 1 after a lost hand-off)
+error               string         null unless the row failed while being served
+capacity_wait_s     float64        seconds the prefill worker waited for DRAM-tier slots before the
+                                   prefill (``offload=dram``; null otherwise)
+==================  =============  ======================================================
+
+Derived (see :func:`request_summary`): TTFT = ``token_times[0] - prefill_start``; ITL = the
+differences of consecutive ``token_times``; KV hand-off = ``token_times[0] - prefill_end``.
+
+``RUN_DIR/metrics/workers/<worker id>.<pid>.<part>.parquet``: one row per engine step of one
+worker, written by a vLLM stat logger (:class:`StepRecorder`): a new part holds the steps since the
+previous one, written every ``FLUSH_EVERY_S`` seconds while the worker runs and when it stops.
+
+==================  =========  ============================================================
+column              type       meaning
+==================  =========  ============================================================
+worker              string     worker id ("prefill-0@host", "decode-1@host", "colocated-0@host")
+role                string     "prefill" | "decode" | "colocated"
+t                   float64    when the step's outputs were processed (epoch seconds)
+running             int32      requests in the running batch (the batch size of the step)
+waiting             int32      requests waiting (including those waiting for remote KV)
+kv_cache_usage      float64    fraction of the KV cache's blocks in use, 0..1
+prompt_tokens       int32      prompt tokens computed in the step
+generation_tokens   int32      output tokens produced in the step
+prefix_cache_queries int64     prompt tokens looked up in the local prefix cache in the step
+prefix_cache_hits   int64      of those, tokens found (their KV neither computed nor received)
+kv_post_s           list       per KV transfer this worker initiated that completed in the step:
+kv_transfer_s       list         seconds posting it, seconds from post to completion,
+kv_transfer_bytes   list         bytes moved,
+kv_transfer_descriptors list     NIXL descriptors it took (NIXL's telemetry)
+kv_held_s           list       offload=dram: seconds from prefill end to its KV write completing
+kv_freed_s          list       offload=dram: seconds from prefill end to vLLM freeing its blocks
+kv_load_tokens      list       offload=dram, decode: per load from the DRAM tier, tokens loaded,
+kv_load_recompute_tokens list    tokens computed after it,
+kv_load_after_preemption list    1 if the request came back after a preemption
+prompt_tokens_computed int32   prompt tokens computed in the step (not cached, not received)
+preempted           int32      requests preempted in the step
+==================  =========  ============================================================
+
+vLLM's prefix-cache hit rate of a worker = sum(prefix_cache_hits) / sum(prefix_cache_queries).
+"""
+
+from __future__ import annotations
+
+import uuid
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from pipeline.io.atomic import write_parquet
+
+if TYPE_CHECKING:
+    from pipeline.io.output import RowResult
+
+REQUEST_SCHEMA = pa.schema([
+    ("key", pa.string()),
+    ("shard", pa.string()),
+    ("row", pa.int64()),
+    ("prefill_worker", pa.string()),
+    ("decode_worker", pa.string()),
+    ("read_at", pa.float64()),
+    ("prefill_start", pa.float64()),
+    ("prefill_end", pa.float64()),
+    ("decode_arrived_at", pa.float64()),
+    ("token_times", pa.list_(pa.float64())),
+    ("prompt_tokens", pa.int32()),
+    ("output_tokens", pa.int32()),
+    ("kv_tokens", pa.int64()),
+    ("kv_bytes", pa.int64()),
+    ("prefix_cached_tokens", pa.int64()),
+    ("tries", pa.int32()),
+    ("error", pa.string()),
+    ("capacity_wait_s", pa.float64()),
+])
+
+WORKER_SCHEMA = pa.schema([
+    ("worker", pa.string()),
+    ("role", pa.string()),
+    ("t", pa.float64()),
+    ("running", pa.int32()),
+    ("waiting", pa.int32()),
+    ("kv_cache_usage", pa.float64()),
+    ("prompt_tokens", pa.int32()),
+    ("generation_tokens", pa.int32()),
+    ("prefix_cache_queries", pa.int64()),
+    ("prefix_cache_hits", pa.int64()),
+    # NIXL telemetry of the KV transfers this worker initiated that completed in this step (the
+    # prefill worker in push mode, the decode worker in pull mode), one entry per transfer:
+    # post = seconds spent posting it, transfer = seconds from post to completion, bytes moved.
+    ("kv_post_s", pa.list_(pa.float64())),
+    ("kv_transfer_s", pa.list_(pa.float64())),
+    ("kv_transfer_bytes", pa.list_(pa.int64())),
+    ("kv_transfer_descriptors", pa.list_(pa.int64())),
+    # offload=dram, prefill worker: per completed write, seconds from the prefill request
+    # finishing to its KV blocks being released to vLLM (waiting to post + transfer).
+    ("kv_held_s", pa.list_(pa.float64())),
+    # offload=dram, prefill worker: per request whose blocks vLLM freed (at the end of the step
+    # in which the write completed), seconds from the prefill request finishing to that.
+    ("kv_freed_s", pa.list_(pa.float64())),
+    # offload=dram, decode worker: per load from the DRAM tier in the step, the tokens it brought,
+    # the tokens the engine then computed itself (the last prompt token, plus the generated ones
+    # after a preemption), and 1 if the request came back after a preemption.
+    ("kv_load_tokens", pa.list_(pa.int64())),
+    ("kv_load_recompute_tokens", pa.list_(pa.int64())),
+    ("kv_load_after_preemption", pa.list_(pa.int32())),
+    # prompt tokens the engine computed itself in the step (vLLM's PromptTokenStats.computed:
+    # neither prefix-cached nor received), and requests it preempted in the step.
+    ("prompt_tokens_computed", pa.int32()),
+    ("preempted", pa.int32()),
+])
+
+def request_record(result: "RowResult", *, key: str, shard: str, row: int, read_at: float) -> dict[str, Any]:
+    """The :data:`REQUEST_SCHEMA` record of one served row: the one place a row's request
+    metrics are assembled, for every role."""
+    return {
+        "key": key, "shard": shard, "row": row, "read_at": read_at,
+        "prefill_worker": result.prefill_worker, "decode_worker": result.decode_worker,
+        "prefill_start": result.prefill_start, "prefill_end": result.prefill_end,
+        "decode_arrived_at": result.decode_arrived_at, "token_times": result.token_times,
+        "prompt_tokens": result.prompt_tokens, "output_tokens": result.output_tokens,
+        "kv_tokens": result.kv_tokens, "kv_bytes": result.kv_bytes,
+        "prefix_cached_tokens": result.prefix_cached_tokens, "tries": result.tries,
+        "error": result.error, "capacity_wait_s": result.capacity_wait_s,
+    }
+
+
+def write_request_metrics(run_path: Path, shard: str, records: list[dict[str, Any]]) -> None:
+    """Append ``records`` (dicts with the :data:`REQUEST_SCHEMA` columns) as one new part file
+    of ``shard``'s request metrics. Written under a temporary name and renamed."""
+    if not records:
+        return
+    table = pa.Table.from_pylist(records, schema=REQUEST_SCHEMA)
+    write_parquet(table, Path(run_path) / "metrics" / "requests" / shard / f"part-{uuid.uuid4().hex}.parquet")
+
+
+def read_request_metrics(run_path: Path) -> pa.Table:
+    """Every request metrics row of a run (an empty table with the schema when there is none)."""
+    parts = sorted((Path(run_path) / "metrics" / "requests").glob("*/part-*.parquet"))
+    if not parts:
+        return REQUEST_SCHEMA.empty_table()
+    return pa.concat_tables([pq.read_table(p, schema=REQUEST_SCHEMA) for p in parts])
+
+
+def read_worker_metrics(run_path: Path) -> pa.Table:
+    """Every worker step row of a run (an empty table with the schema when there is none)."""
+    parts = sorted((Path(run_path) / "metrics" / "workers").glob("*.parquet"))
+    if not parts:
+        return WORKER_SCHEMA.empty_table()
+    return pa.concat_tables([pq.read_table(p, schema=WORKER_SCHEMA) for p in parts])

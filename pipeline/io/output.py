@@ -1,0 +1,147 @@
+"""The output shard: one row per input row, in input order.
+
+Columns (documented in the README):
+  id                 the input's id column, or "<shard name>:<row index>" when it has none
+  <passthrough>      every input column except the id and text columns, unchanged
+  generation         string, null on error
+  generation_token_ids  list<int32>, the output token ids
+  finish_reason      "stop" | "length" | null on error
+  prompt_tokens      int32, tokens in the rendered prompt (null when it could not be rendered)
+  prompt_truncated   bool, the text was cut to fit the context (job.too_long=truncate)
+  output_tokens      int32
+  error              string, null when the row is fine; otherwise why it failed
+  queue_s            seconds from the shard being read to the row entering prefill
+  prefill_s          seconds of prefill (to the prefill worker's first token / KV ready)
+  kv_handoff_s       seconds from prefill finished to the decode worker's first token
+                     (hand-off message + NIXL transfer + scheduling); null when colocated
+  ttft_s             seconds from entering prefill to the first output token
+  decode_s           seconds from the first to the last output token
+  kv_tokens          prompt tokens whose KV the decode worker received instead of computing
+  kv_bytes           kv_tokens x KV bytes per token of the model
+  prefill_worker     worker id ("prefill-0@host", "colocated-0@host")
+  decode_worker      worker id ("decode-0@host"); null when colocated
+  passage_ids        RAG jobs only: list<string>, the retrieved passages ("<doc id>#<chunk>"),
+                     best first, numbered [1], [2], ... in the prompt
+  passage_scores     RAG jobs only: list<float32>, their cosine similarity to the question
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+import pyarrow as pa
+
+
+@dataclass
+class RowResult:
+    """Everything the output shard records about one row beyond its input columns."""
+
+    generation: str | None = None
+    generation_token_ids: list[int] | None = None
+    finish_reason: str | None = None
+    prompt_tokens: int | None = None
+    prompt_truncated: bool = False
+    output_tokens: int = 0
+    error: str | None = None
+    queue_s: float | None = None
+    prefill_s: float | None = None
+    kv_handoff_s: float | None = None
+    ttft_s: float | None = None
+    decode_s: float | None = None
+    kv_tokens: int = 0
+    kv_bytes: int = 0
+    prefill_worker: str | None = None
+    decode_worker: str | None = None
+    passage_ids: list[str] | None = None
+    passage_scores: list[float] | None = None
+    # -- Not output columns: what the row's request metrics record besides the columns above
+    # (pipeline.io.metrics.request_record; times are time.time() seconds).
+    prefill_start: float | None = None  # the row entered prefill
+    prefill_end: float | None = None  # prefill finished, KV ready for hand-off (null colocated)
+    decode_arrived_at: float | None = None  # the hand-off reached the decode worker
+    token_times: list[float] | None = None  # when each output token reached its worker
+    prefix_cached_tokens: int | None = None  # prompt tokens the (prefill) engine's prefix cache held
+    tries: int = 1  # prefills (and hand-offs) the row took
+    capacity_wait_s: float | None = None  # offload=dram: seconds waiting for DRAM-tier slots
+    served: bool = True  # False: the row never reached an engine (a bad row), no request metrics
+
+
+def served_row(*, text: str | None, token_ids: list[int], finish_reason: str | None, error: str | None,
+               token_times: list[float], prefill_start: float, prefill_end: float | None,
+               prefill_worker: str, **rest) -> RowResult:
+    """The :class:`RowResult` of a row an engine served, its latency columns derived from the
+    times (seconds): prefill ``prefill_end - prefill_start`` (colocated, with no ``prefill_end``:
+    up to the first token), KV hand-off ``first token - prefill_end`` (null colocated), TTFT
+    ``first token - prefill_start``, decode ``last token - first token``; all but prefill null
+    when no token came. ``rest``: the other :class:`RowResult` fields (``decode_worker``,
+    ``kv_tokens`` ...)."""
+    first = token_times[0] if token_times else None
+    if prefill_end is not None:
+        prefill_s = prefill_end - prefill_start
+    else:
+        prefill_s = (first - prefill_start) if first else None
+    return RowResult(
+        generation=None if error else text, generation_token_ids=None if error else token_ids,
+        finish_reason=finish_reason, output_tokens=len(token_ids), error=error,
+        prefill_s=prefill_s,
+        kv_handoff_s=(first - prefill_end) if first and prefill_end is not None else None,
+        ttft_s=(first - prefill_start) if first else None,
+        decode_s=(token_times[-1] - first) if first else None,
+        prefill_worker=prefill_worker, prefill_start=prefill_start, prefill_end=prefill_end,
+        token_times=token_times, **rest)
+
+
+RESULT_SCHEMA = pa.schema([
+    ("generation", pa.string()),
+    ("generation_token_ids", pa.list_(pa.int32())),
+    ("finish_reason", pa.string()),
+    ("prompt_tokens", pa.int32()),
+    ("prompt_truncated", pa.bool_()),
+    ("output_tokens", pa.int32()),
+    ("error", pa.string()),
+    ("queue_s", pa.float64()),
+    ("prefill_s", pa.float64()),
+    ("kv_handoff_s", pa.float64()),
+    ("ttft_s", pa.float64()),
+    ("decode_s", pa.float64()),
+    ("kv_tokens", pa.int64()),
+    ("kv_bytes", pa.int64()),
+    ("prefill_worker", pa.string()),
+    ("decode_worker", pa.string()),
+    ("passage_ids", pa.list_(pa.string())),
+    ("passage_scores", pa.list_(pa.float32())),
+])
+RAG_COLUMNS = ("passage_ids", "passage_scores")
+assert [f.name for f in fields(RowResult)][:len(RESULT_SCHEMA)] == RESULT_SCHEMA.names
+
+
+def row_ids(table: pa.Table, id_column: str, shard_name: str) -> pa.Array:
+    """The id column, or ``"<shard name>:<row index>"`` strings when the input has none."""
+    if id_column in table.column_names:
+        return table.column(id_column).combine_chunks()
+    return pa.array([f"{shard_name}:{i}" for i in range(table.num_rows)], pa.string())
+
+
+def build_output(table: pa.Table, ids: pa.Array, id_column: str, text_column: str,
+                 results: list[RowResult], rag: bool = False) -> pa.Table:
+    """Assemble the output shard: ``id_column``, passthrough columns, then the result columns
+    (the RAG columns only when ``rag``).
+
+    Raises:
+        ValueError: ``results`` does not hold exactly one entry per input row, or an input
+            column has the name of a result column.
+    """
+    if len(results) != table.num_rows:
+        raise ValueError(f"{len(results)} results for {table.num_rows} input rows")
+    columns = {id_column: ids}
+    for name in table.column_names:
+        if name in (id_column, text_column):
+            continue
+        if name in RESULT_SCHEMA.names:
+            raise ValueError(f"input column {name!r} clashes with an output column; rename it")
+        columns[name] = table.column(name)
+    for field in RESULT_SCHEMA:
+        if field.name in RAG_COLUMNS and not rag:
+            continue
+        columns[field.name] = pa.array([getattr(r, field.name) for r in results], field.type)
+    return pa.table(columns)

@@ -1,1 +1,0 @@
-"""KV cache layout and transfer parameters."""

@@ -1,0 +1,101 @@
+"""``python -m pipeline.plan``: the command line of the planner (see :mod:`pipeline.plan`)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from dataclasses import replace
+
+import pipeline.plan
+from pipeline.plan.calibrate import calibrate, model_of_run, workload_from_run
+from pipeline.plan.format import format_plan
+from pipeline.plan.hardware import HARDWARE, hardware
+from pipeline.plan.model import load_model
+from pipeline.plan.recommend import plan
+from pipeline.plan.units import GB, GIB
+from pipeline.plan.workload import workload, workload_from_input
+
+
+def _lengths(text: str | None) -> int | list[int] | None:
+    if text is None:
+        return None
+    try:
+        values = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise ValueError(f"token counts must be integers (one, or a comma-separated list), got {text!r}") from None
+    return values[0] if len(values) == 1 else values
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m pipeline.plan``. Exit status 0, or 2 with one line on bad input."""
+    ap = argparse.ArgumentParser(prog="python -m pipeline.plan", description=pipeline.plan.__doc__.split("\n\n")[0])
+    ap.add_argument("--model", default=None, help="preset (llama-3.1-70b, llama-3.1-8b, smollm2-135m), "
+                    "model directory or config.json (default: the calibrated run's, else smollm2-135m)")
+    ap.add_argument("--hardware", default=None, help=f"{', '.join(HARDWARE)} (default h100; cpu with --calibrate)")
+    ap.add_argument("--prompt-tokens", help="prompt length in tokens, or a comma-separated list")
+    ap.add_argument("--output-tokens", help="output length in tokens, or a comma-separated list")
+    ap.add_argument("--rate", type=float, help="arrival rate, requests/s (omit for a batch job)")
+    ap.add_argument("--count", type=int, help="number of requests (a batch job without --rate)")
+    ap.add_argument("--input", help="Parquet dataset whose prompts are tokenized as the pipeline renders them")
+    ap.add_argument("--job", default="summarize", help="job whose prompt template --input uses")
+    ap.add_argument("--tokenizer", help="model directory whose tokenizer counts --input tokens (default: the model's)")
+    ap.add_argument("--calibrate", metavar="RUN_DIR", help="fit the cpu profile to a finished run (run or output dir)")
+    ap.add_argument("--target-util", type=float, default=0.75, help="utilisation each pool may reach (default 0.75)")
+    ap.add_argument("--itl-target", type=float, default=0.1, help="inter-token latency target, s (default 0.1)")
+    ap.add_argument("--tp", type=int, help="devices per worker (default: fewest that hold the weights twice)")
+    ap.add_argument("--workers", type=int, default=2, help="workers (each --tp devices) to split for a batch job (default 2)")
+    ap.add_argument("--dtype", help="weight/KV dtype (default: the model's)")
+    ap.add_argument("--dram-tier", action="store_true", help="size the decode workers' host-DRAM KV tier "
+                    "for the disaggregated split")
+    ap.add_argument("--dram-headroom", type=float, help="DRAM tier: factor over the mean requests in DRAM "
+                    "(default 1.2; implies --dram-tier)")
+    ap.add_argument("--node-dram", type=float, metavar="GIB", help="DRAM tier: host DRAM per node, GiB "
+                    "(default: the preset's; cpu: /proc/meminfo; implies --dram-tier)")
+    ap.add_argument("--h2d-bw", type=float, metavar="GB_S", help="DRAM tier: host-to-device GB/s per device "
+                    "(default: the preset's, 55 for h100/h200; implies --dram-tier)")
+    ap.add_argument("--json", action="store_true", help="print JSON")
+    args = ap.parse_args(argv)
+    try:
+        if args.tp is not None and args.tp < 1:
+            raise ValueError(f"--tp must be >= 1, got {args.tp}")
+        if args.calibrate:
+            model = load_model(args.model, args.dtype) if args.model else model_of_run(args.calibrate)
+            hw = calibrate(args.calibrate, model, args.hardware or "cpu")
+        else:
+            model = load_model(args.model or "smollm2-135m", args.dtype)
+            hw = hardware(args.hardware or "h100")
+        if args.node_dram is not None or args.h2d_bw is not None:
+            if args.node_dram is not None and not args.node_dram > 0:
+                raise ValueError(f"--node-dram must be > 0 GiB, got {args.node_dram}")
+            if args.h2d_bw is not None and not args.h2d_bw > 0:
+                raise ValueError(f"--h2d-bw must be > 0 GB/s, got {args.h2d_bw}")
+            hw = replace(hw, node_dram_bytes=args.node_dram * GIB if args.node_dram is not None else hw.node_dram_bytes,
+                         h2d_bw=args.h2d_bw * GB if args.h2d_bw is not None else hw.h2d_bw)
+        dram_on = args.dram_tier or any(v is not None for v in (args.dram_headroom, args.node_dram, args.h2d_bw))
+        headroom = (args.dram_headroom if args.dram_headroom is not None else 1.2) if dram_on else None
+        prompts, outputs = _lengths(args.prompt_tokens), _lengths(args.output_tokens)
+        if args.input:
+            wl = workload_from_input(args.input, model, job=args.job, tokenizer=args.tokenizer,
+                                     output_tokens=outputs, rate=args.rate)
+            if args.count is not None:
+                wl = replace(wl, count=args.count)
+        elif prompts is not None or outputs is not None:
+            if prompts is None or outputs is None:
+                raise ValueError("give both --prompt-tokens and --output-tokens (or --input)")
+            wl = workload(prompts, outputs, args.rate, args.count)
+            if args.rate is None and args.count is None:
+                raise ValueError("give --rate (requests/s) or --count (a batch job)")
+        elif args.calibrate:
+            wl = workload_from_run(args.calibrate, args.rate)
+            if args.count is not None:
+                wl = replace(wl, count=args.count)
+        else:
+            raise ValueError("give --prompt-tokens and --output-tokens, or --input, or --calibrate")
+        result = plan(model, hw, wl, target_util=args.target_util, itl_target_s=args.itl_target,
+                      tp=args.tp, workers=args.workers, dram_headroom=headroom)
+    except (ValueError, FileNotFoundError) as exc:
+        print(f"error: {str(exc).splitlines()[0]}", file=sys.stderr)
+        return 2
+    print(json.dumps(result.to_dict(), indent=1) if args.json else format_plan(result))
+    return 0

@@ -1,0 +1,219 @@
+"""The decode host-DRAM KV tier: how much host DRAM a decode worker and node need to stage and
+swap the KV of a disaggregated split (:class:`DramTier`, :func:`dram_tier`)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from pipeline.plan.costs import decode_concurrency, decode_step_time, host_load_time, kv_capacity
+from pipeline.plan.hardware import Hardware
+from pipeline.plan.model import ModelShape
+from pipeline.plan.predict import Prediction, fewest_workers
+from pipeline.plan.queueing import dram_full_probability, erlang_c
+from pipeline.plan.units import GIB
+from pipeline.plan.workload import Workload
+
+
+def node_dram(hw: Hardware) -> float:
+    """Host DRAM of one node, bytes: ``hw.node_dram_bytes``, else this machine's ``MemTotal``
+    from ``/proc/meminfo`` (kB = 1024 bytes there).
+
+    Raises:
+        ValueError: neither is available.
+    """
+    if hw.node_dram_bytes is not None:
+        return hw.node_dram_bytes
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemTotal:"):
+                    return float(line.split()[1]) * 1024
+    except OSError:
+        pass
+    raise ValueError(f"hardware {hw.name}: no node DRAM size and no /proc/meminfo; give --node-dram GiB")
+
+
+@dataclass
+class DramTier:
+    """Host DRAM a decode worker and node need for the KV tier of one disaggregated split (see
+    :func:`dram_tier` for the formulas). Bytes in bytes, times in seconds, rates in requests/s;
+    counts of requests are per decode worker unless named ``node``.
+
+    ``request_bytes`` is the KV of a whole request (prompt + generated tokens), ``load_bytes``
+    of its prompt (what is pushed and loaded). ``slots``: sequences one worker's KV cache holds at
+    full length; ``admitted``: at prompt length (what vLLM admits); ``swapped = admitted - slots``
+    the most it may swap out. ``rate`` is per decode worker (a batch: while prefill runs);
+    ``residence_s`` a request's time in a slot, ``offered`` ``rate x residence_s`` (erlangs),
+    ``wait_probability`` the Erlang C probability of waiting (``None`` for a batch),
+    ``admit_wait_s`` the mean wait for a slot. ``waiting`` (mean; a batch: peak), ``transit``
+    (being pushed or loaded) and ``swapped`` add up to ``staged``; ``sized_requests`` =
+    ``ceil(headroom x staged)``. ``full_probability``: chance a push finds that many there;
+    ``sized_1pct``: the fewest requests that bring it to 1% or less (``None`` for a batch).
+    ``load_steps`` = ``load_s / itl_s``; ``blocking_itl_s`` = ``itl_s + load_s``, the gap the
+    running sequences see if a load is not overlapped with decoding; ``ttft_s`` = the split's TTFT
+    (``split_ttft_s``) + ``admit_wait_s`` + ``load_s``; ``h2d_util`` = ``rate x load_s``, the share of time a
+    device's host link spends on loads.
+    """
+
+    prefill_workers: int
+    decode_workers: int
+    tp: int
+    workers_per_node: int
+    decode_nodes: int
+    headroom: float
+    request_bytes: float
+    load_bytes: float
+    kv_capacity_bytes: float
+    slots: int
+    admitted: int
+    swapped: int
+    rate: float
+    itl_s: float
+    transfer_s: float
+    load_s: float
+    residence_s: float
+    offered: float
+    wait_probability: float | None
+    admit_wait_s: float
+    waiting: float
+    transit: float
+    staged: float
+    sized_requests: int | None
+    worker_bytes: float
+    node_bytes: float
+    node_dram_bytes: float
+    fits: bool
+    full_probability: float | None
+    sized_1pct: int | None
+    load_steps: float
+    blocking_itl_s: float
+    split_ttft_s: float
+    ttft_s: float
+    h2d_util: float
+    itl_target_s: float
+    notes: list[str] = field(default_factory=list)
+
+
+def dram_tier(model: ModelShape, hw: Hardware, wl: Workload, pred: Prediction, *,
+              headroom: float = 1.2, itl_target_s: float = 0.1) -> DramTier:
+    """Size the decode workers' host-DRAM KV pool for the disaggregated configuration ``pred``
+    (x prefill, y decode workers of ``tp`` devices). ``k`` = KV bytes per token (``2 x layers x
+    KV heads x head dim x bytes``, :mod:`pipeline.engine.kv_layout`), ``p`` / ``o`` the mean
+    prompt / output tokens, ``C_kv`` = :func:`~pipeline.plan.costs.kv_capacity`.
+
+    - A request's KV: ``k (p + o)`` bytes in DRAM (room for the whole sequence, so it can also be
+      swapped out at full length); ``k p`` bytes pushed over the link in ``T`` =
+      :func:`~pipeline.plan.costs.kv_transfer_time` and loaded into HBM in ``load = k p / (tp x
+      h2d_bw)`` (:func:`~pipeline.plan.costs.host_load_time`). The DRAM copy is freed once loaded.
+    - Slots ``c = min(max_batch, floor(C_kv / (k (p + o))))``: sequences that run to the end
+      without pre-emption. vLLM admits by prompt length, up to ``min(max_batch, floor(C_kv /
+      (k p)))``; the difference is the most it swaps out (``swapped``; kept in DRAM throughout).
+    - With a rate: each decode worker gets ``lambda = rate / y``; a request holds a slot for
+      ``W = load + o x ITL`` (ITL of ``pred``), so ``a = lambda W`` slots are busy (Little's law
+      ``L = lambda W``). Waiting for a slot is an M/M/c queue: ``Wq = C(c, a) W / (c - a)``
+      (:func:`erlang_c`); exponential service overstates the wait of equal-length requests
+      (about 2x for M/D/c, Allen-Cunneen), which errs towards more DRAM. Requests in DRAM by
+      Little's law: ``lambda (T + Wq + load)`` (pushing, waiting, loading) ``+ swapped``.
+    - A batch (no rate): prefill delivers ``lambda = x / max(S, T) / y`` requests/s to each
+      decode worker for ``P = count / (x / max(S, T))`` seconds, and a worker with all slots
+      busy (ITL at ``c`` sequences) completes ``mu = c / W``. Fluid backlog at the end of
+      prefill (the peak): ``max(0, lambda P - c - mu max(0, P - W))``; mean wait ``peak /
+      (2 mu)``. Prefill waits (back-pressure) when DRAM holds less, which costs nothing when
+      decode is the bottleneck (``lambda > mu``).
+    - Sized: ``ceil(headroom x staged)`` requests (at least 1) per worker x ``k (p + o)``; per
+      node ``min(y, node_devices // tp)`` workers; checked against :func:`node_dram`. Mean
+      values: the headroom covers fluctuation, and ``full_probability`` says how often a push
+      still finds the pool full (:func:`dram_full_probability`); ``sized_1pct`` is the fewest
+      requests for which that is at most 1%.
+    - The load adds ``load`` to TTFT (plus ``Wq``). Not overlapped with decoding it stalls the
+      running sequences: one gap of ``ITL + load``, to compare with ``itl_target_s``.
+
+    Raises:
+        ValueError: ``pred`` is colocated, ``headroom < 1``, or a worker's KV cache holds less
+            than one whole request.
+    """
+    if pred.mode != "disaggregated":
+        raise ValueError("the DRAM tier sits on decode workers: give a disaggregated prediction")
+    if not headroom >= 1:
+        raise ValueError(f"DRAM headroom must be >= 1, got {headroom}")
+    tp, x, y = pred.tp, pred.prefill_workers, pred.decode_workers
+    k = model.kv_bytes_per_token
+    p, o = wl.mean_prompt, wl.mean_output
+    request_bytes, load_bytes = k * (p + o), k * p
+    cap = kv_capacity(model, hw, tp)
+    slots = int(min(hw.max_batch, math.floor(cap / request_bytes)))
+    admitted = int(min(hw.max_batch, math.floor(cap / load_bytes)))
+    if slots < 1:
+        raise ValueError(f"{model.name}: the KV cache of one worker ({cap / GIB:.3g} GiB) holds less than one "
+                         f"whole request ({request_bytes / GIB:.3g} GiB); use more devices per worker (--tp)")
+    swapped = max(0, admitted - slots)
+    load = host_load_time(load_bytes, hw, tp)
+    transfer = pred.kv_transfer_s
+    notes: list[str] = []
+    if wl.rate is not None:
+        lam = wl.rate / y
+        itl = pred.itl_s
+        residence = load + o * itl
+        offered = lam * residence
+        if offered < slots:
+            wait_p = erlang_c(slots, offered)
+            wait = wait_p * residence / (slots - offered)
+        else:
+            wait_p, wait = 1.0, math.inf
+
+            def busy(w: int) -> float:
+                try:
+                    return wl.rate / w * (load + o * decode_concurrency(model, hw, wl.rate / w, o,
+                                                                         wl.decode_context, tp)[1]) / slots
+                except ValueError:
+                    return math.inf
+
+            need = fewest_workers(busy, 1 - 1e-9, y + 1)
+            notes.append(f"decode admission overloaded: {offered:.3g} of {slots} slots busy per worker, so the "
+                         f"DRAM backlog grows without bound; it needs at least {need} decode workers")
+        waiting = lam * wait
+    else:
+        feed = x / max(pred.prefill_s, transfer)
+        lam = feed / y
+        itl = decode_step_time(model, hw, slots, wl.decode_context, tp)
+        residence = load + o * itl
+        offered = lam * residence
+        mu = slots / residence
+        prefill_phase = wl.count / feed
+        waiting = max(0.0, lam * prefill_phase - slots - mu * max(0.0, prefill_phase - residence))
+        wait_p, wait = None, waiting / (2 * mu)
+        if lam > mu:
+            notes.append(f"batch: prefill delivers {lam:.3g} requests/s per decode worker, decode completes "
+                         f"{mu:.3g}; the backlog peaks at the end of prefill. With less DRAM prefill waits "
+                         f"for room, and the makespan does not change (decode is the bottleneck)")
+    transit = lam * (transfer + load)
+    staged = waiting + transit + swapped
+    per_node = max(1, hw.node_devices // tp)
+    on_node = min(y, per_node)
+    dram = node_dram(hw)
+    if math.isfinite(staged):
+        sized: int | None = max(1, math.ceil(headroom * staged - 1e-9))
+        worker_bytes = sized * request_bytes
+    else:
+        sized, worker_bytes = None, math.inf
+    node_bytes = on_node * worker_bytes
+    full = sized_1pct = None
+    if wl.rate is not None and sized is not None:
+        full = dram_full_probability(slots, offered, transit, sized - swapped)
+        sized_1pct = next(m for m in range(swapped + 1, swapped + 100_000)
+                          if dram_full_probability(slots, offered, transit, m - swapped) <= 0.01)
+    fits = node_bytes <= dram
+    if not fits and math.isfinite(node_bytes):
+        notes.append(f"the DRAM pools of {on_node} decode worker{'s' if on_node > 1 else ''} ({node_bytes / GIB:.4g} "
+                     f"GiB) exceed the node's {dram / GIB:.4g} GiB: fewer workers per node, more decode workers, "
+                     f"or less headroom")
+    return DramTier(
+        prefill_workers=x, decode_workers=y, tp=tp, workers_per_node=per_node, decode_nodes=math.ceil(y / per_node),
+        headroom=headroom, request_bytes=request_bytes, load_bytes=load_bytes, kv_capacity_bytes=cap,
+        slots=slots, admitted=admitted, swapped=swapped, rate=lam, itl_s=itl, transfer_s=transfer, load_s=load,
+        residence_s=residence, offered=offered, wait_probability=wait_p, admit_wait_s=wait, waiting=waiting,
+        transit=transit, staged=staged, sized_requests=sized, worker_bytes=worker_bytes, node_bytes=node_bytes,
+        node_dram_bytes=dram, fits=fits, full_probability=full, sized_1pct=sized_1pct, load_steps=load / itl,
+        blocking_itl_s=itl + load, split_ttft_s=pred.ttft_s, ttft_s=pred.ttft_s + wait + load, h2d_util=lam * load,
+        itl_target_s=itl_target_s, notes=notes)

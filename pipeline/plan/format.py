@@ -1,0 +1,120 @@
+"""The readable report ``python -m pipeline.plan`` prints without ``--json``."""
+
+from __future__ import annotations
+
+import math
+
+from pipeline.plan.costs import kv_transfer_time, prefill_flops
+from pipeline.plan.dram import DramTier
+from pipeline.plan.hardware import Hardware
+from pipeline.plan.model import ModelShape
+from pipeline.plan.recommend import Plan
+from pipeline.plan.units import GB, GIB, secs
+from pipeline.plan.workload import Workload
+
+
+def format_plan(p: Plan) -> str:
+    """A readable report of :class:`Plan` (what the command prints without ``--json``)."""
+    m, hw, wl = p.model, p.hardware, p.workload
+    tp = p.colocated.tp
+    lines = [
+        f"model      {m.name}: {m.layers} layers, {m.kv_heads} KV heads x {m.head_dim}, "
+        f"{m.params:.3g} params, {m.dtype} ({m.weight_bytes / GB:.3g} GB of weights)",
+        f"hardware   {hw.name}: {hw.peak_flops / 1e12:.4g} TFLOP/s x MFU {hw.mfu:g}, "
+        f"{hw.mem_bw / GB:.4g} GB/s x MBU {hw.mbu:g}, "
+        + (f"KV space {hw.kv_cache_bytes / GIB:.3g} GiB" if hw.kv_cache_bytes is not None
+           else f"{hw.memory_bytes / GB:.4g} GB") + f", link {hw.link_bw / GB:.4g} GB/s; {tp} per worker",
+        f"workload   {wl.source}: " + (f"{wl.rate:g} requests/s" if wl.rate is not None else f"batch of {wl.count}")
+        + (f", {wl.count} requests" if wl.rate is not None and wl.count else "")
+        + f"; prompt mean {wl.mean_prompt:.0f} tokens (p99 {wl.p99_prompt}), output mean {wl.mean_output:.0f}",
+        f"KV cache   {m.kv_bytes_per_token / 1024:.4g} KiB/token; {p.colocated.kv_bytes / GIB:.3g} GiB per mean prompt; "
+        f"{secs(kv_transfer_time(p.colocated.kv_bytes, hw, tp))} to move over {tp} x {hw.link_bw / GB:.3g} GB/s",
+        f"prefill    {secs(p.colocated.prefill_s)} per mean prompt, {secs(p.colocated.prefill_p99_s)} for the p99 one "
+        f"({prefill_flops(m, wl.mean_prompt):.3g} FLOPs)",
+        "",
+    ]
+    cols = [("disaggregated", p.disaggregated), ("colocated", p.colocated)]
+    cols = [(n, c) for n, c in cols if c is not None]
+    head = [f"{n} {c.prefill_workers}P:{c.decode_workers}D" if c.decode_workers else f"{n} x{c.prefill_workers}"
+            for n, c in cols]
+    rows = [
+        ("throughput (req/s)", lambda c: f"{c.throughput:.4g}"),
+        ("output tokens/s", lambda c: f"{c.output_tokens_per_s:.4g}"),
+        ("prefill utilisation", lambda c: f"{c.prefill_util:.2f}"),
+        ("decode utilisation", lambda c: f"{c.decode_util:.2f}"),
+        ("running per worker", lambda c: f"{c.running:.3g}"),
+        ("queue wait", lambda c: secs(c.queue_wait_s)),
+        ("TTFT mean", lambda c: secs(c.ttft_s)),
+        ("ITL mean", lambda c: secs(c.itl_s)),
+        ("ITL worst", lambda c: secs(c.itl_worst_s)),
+        ("gaps with a prefill", lambda c: f"{c.stall_fraction:.2%}" if c.mode == "colocated" else "-"),
+        ("makespan", lambda c: secs(c.makespan_s) if c.makespan_s is not None else "-"),
+    ]
+    width = max(len(h) for h in head) + 2
+    lines.append(f"{'':22}" + "".join(f"{h:>{width}}" for h in head))
+    for label, fn in rows:
+        lines.append(f"{label:22}" + "".join(f"{fn(c):>{width}}" for _, c in cols))
+    lines += ["", f"target utilisation {p.target_util:g}, ITL target {secs(p.itl_target_s)}",
+              f"recommendation: {p.recommendation} ({p.reason})",
+              f"overrides: {p.overrides}"]
+    lines += [f"note: {n}" for n in p.notes]
+    if p.dram is not None:
+        lines += ["", format_dram(p.dram, m, hw, wl)]
+    return "\n".join(lines)
+
+
+def _gib(nbytes: float) -> str:
+    return f"{nbytes / GIB:.4g} GiB" if math.isfinite(nbytes) else "unbounded"
+
+
+def format_dram(d: DramTier, m: ModelShape, hw: Hardware, wl: Workload) -> str:
+    """The DRAM-tier section of the report (``--dram-tier``; :func:`dram_tier`)."""
+    batch = wl.rate is None
+    on_node = min(d.decode_workers, d.workers_per_node)
+    lines = [
+        f"DRAM tier  decode host-DRAM KV pool for {d.prefill_workers}P:{d.decode_workers}D: {d.decode_workers} "
+        f"decode worker{'s' if d.decode_workers > 1 else ''} of {d.tp}, {d.workers_per_node} per "
+        f"{hw.node_devices}-device node, {d.decode_nodes} decode node{'s' if d.decode_nodes > 1 else ''}",
+        f"  per request    {wl.mean_prompt + wl.mean_output:.0f} tokens (prompt {wl.mean_prompt:.0f} + output "
+        f"{wl.mean_output:.0f}) x {m.kv_bytes_per_token / 1024:.4g} KiB = {_gib(d.request_bytes)}; "
+        f"prompt KV {_gib(d.load_bytes)}",
+        f"  slots          {d.slots} sequences at full length in {_gib(d.kv_capacity_bytes)} of KV cache "
+        f"(max batch {hw.max_batch}); {d.admitted} at prompt length, so up to {d.swapped} swapped out",
+        (f"  admission      {d.rate:.4g} req/s per worker while prefill runs x {secs(d.residence_s)} in a slot"
+         if batch else f"  admission      {d.rate:.4g} req/s per worker x {secs(d.residence_s)} in a slot")
+        + f" (load {secs(d.load_s)} + {wl.mean_output:.0f} x ITL {secs(d.itl_s)}): "
+        + (f"would keep {d.offered:.3g} slots busy, has {d.slots}; fluid backlog, mean wait {secs(d.admit_wait_s)}"
+           if batch else
+           f"{d.offered:.3g} of {d.slots} slots busy; Erlang C wait {secs(d.admit_wait_s)} "
+           f"(P(wait) {d.wait_probability:.3g})"),
+        f"  in DRAM        {'peak' if batch else 'mean'} {d.waiting:.3g} waiting + {d.transit:.3g} pushing/loading"
+        f" + {d.swapped} swapped out = {d.staged:.3g} requests per worker"
+        + ("" if batch else " (Little's law)"),
+    ]
+    if d.sized_requests is not None:
+        lines.append(f"  sized          ceil({d.headroom:g} x {d.staged:.3g}) = {d.sized_requests} "
+                     f"request{'s' if d.sized_requests > 1 else ''} = "
+                     f"{_gib(d.worker_bytes)} per worker; {_gib(d.node_bytes)} per decode node "
+                     f"({on_node} worker{'s' if on_node > 1 else ''} on it)")
+    else:
+        lines.append("  sized          unbounded (see the note)")
+    lines.append(f"  node DRAM      {_gib(d.node_dram_bytes)}"
+                 f"{'' if hw.node_dram_bytes is not None else ' (/proc/meminfo)'}: "
+                 + (f"fits, {d.node_bytes / d.node_dram_bytes:.1%} of it" if d.fits else "does NOT fit")
+                 + (f"; a push finds the pool full {d.full_probability:.2%} of the time"
+                    if d.full_probability is not None else ""))
+    if d.sized_1pct is not None:
+        lines.append(f"  for <= 1% full {d.sized_1pct} requests = {_gib(d.sized_1pct * d.request_bytes)} per worker, "
+                     f"{_gib(on_node * d.sized_1pct * d.request_bytes)} per decode node "
+                     f"({on_node * d.sized_1pct * d.request_bytes / d.node_dram_bytes:.1%} of its DRAM)")
+    fits_gap = d.blocking_itl_s <= d.itl_target_s
+    lines += [
+        f"  DRAM->HBM load {_gib(d.load_bytes)} / ({d.tp} x {hw.h2d_bw / GB:.4g} GB/s) = {secs(d.load_s)} "
+        f"= {d.load_steps:.3g} decode steps; not overlapped, one gap of {secs(d.blocking_itl_s)} "
+        + (f"(within the {secs(d.itl_target_s)} ITL target)" if fits_gap else
+           f"> the {secs(d.itl_target_s)} ITL target: overlap the load with decoding (layer by layer)"),
+        f"  TTFT           {secs(d.split_ttft_s)} + wait {secs(d.admit_wait_s)} + load "
+        f"{secs(d.load_s)} = {secs(d.ttft_s)}; host link {d.h2d_util:.2%} busy with loads",
+    ]
+    lines += [f"note: {n}" for n in d.notes]
+    return "\n".join(lines)

@@ -1,0 +1,189 @@
+"""The planner's answer: :func:`plan` sizes the disaggregated split and the colocated pool for a
+workload and recommends one (:class:`Plan`)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+
+from pipeline.plan.costs import auto_tp, decode_concurrency, decode_step_time
+from pipeline.plan.dram import DramTier, dram_tier
+from pipeline.plan.hardware import Hardware
+from pipeline.plan.model import ModelShape
+from pipeline.plan.predict import Prediction, decode_worker_util, fewest_workers, predict, prefill_side
+from pipeline.plan.units import GB, secs
+from pipeline.plan.workload import Workload
+
+
+@dataclass
+class Plan:
+    """The planner's answer: the model, hardware and workload it used, the smallest
+    disaggregated split and colocated pool under ``target_util``, which to run and why, and the
+    Hydra overrides for it."""
+
+    model: ModelShape
+    hardware: Hardware
+    workload: Workload
+    target_util: float
+    itl_target_s: float
+    disaggregated: Prediction | None
+    colocated: Prediction
+    recommendation: str
+    reason: str
+    overrides: str
+    notes: list[str] = field(default_factory=list)
+    dram: DramTier | None = None
+
+    def to_dict(self) -> dict:
+        """Everything as JSON-ready data (``--json``); lists of lengths are summarised."""
+        wl = self.workload
+        d = {
+            "model": {**asdict(self.model), "kv_bytes_per_token": self.model.kv_bytes_per_token,
+                      "weight_bytes": self.model.weight_bytes, "flop_params": self.model.flop_params},
+            "hardware": asdict(self.hardware),
+            "workload": {"source": wl.source, "rate": wl.rate, "count": wl.count,
+                         "requests_listed": len(wl.prompt_tokens),
+                         "prompt_tokens_mean": wl.mean_prompt, "prompt_tokens_p99": wl.p99_prompt,
+                         "output_tokens_mean": wl.mean_output, "decode_context_tokens": wl.decode_context},
+            "target_util": self.target_util, "itl_target_s": self.itl_target_s,
+            "kv_bytes_per_token": self.model.kv_bytes_per_token,
+            "disaggregated": None, "colocated": None,
+            "recommendation": self.recommendation, "reason": self.reason,
+            "overrides": self.overrides, "notes": self.notes,
+        }
+        for key in ("disaggregated", "colocated"):
+            p = getattr(self, key)
+            if p is not None:
+                d[key] = {**asdict(p), "overrides": p.overrides}
+        if self.dram is not None:
+            d["dram_tier"] = asdict(self.dram)
+        return _finite(d)
+
+
+def _finite(x):
+    if isinstance(x, float) and not math.isfinite(x):
+        return None
+    if isinstance(x, dict):
+        return {k: _finite(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_finite(v) for v in x]
+    return x
+
+
+def plan(model: ModelShape, hw: Hardware, wl: Workload, *, target_util: float = 0.75,
+         itl_target_s: float = 0.1, tp: int | None = None, workers: int = 2,
+         tail_quantile: float = 0.99, dram_headroom: float | None = None) -> Plan:
+    """Size the pools and recommend colocated or disaggregated; with ``dram_headroom`` also size
+    the decode host-DRAM KV tier of the disaggregated split (:func:`dram_tier`, ``Plan.dram``).
+
+    With a rate: ``x`` = the fewest prefill workers with prefill utilisation <= ``target_util``,
+    ``y`` the fewest decode workers with decode utilisation <= ``target_util`` (the pools load
+    independently, so this is the smallest x + y); the colocated pool is the fewest workers
+    whose prefill share and decode concurrency both stay under the target. Recommendation:
+
+    1. colocated when its worst-case ITL (``ITL + S(p99 prompt)``) is within ``itl_target_s``:
+       there is no stall to remove, and disaggregation does not raise throughput;
+    2. colocated when the load is too small to fill two pools: prefills land in fewer than
+       ``1 - tail_quantile`` (1%) of a colocated worker's gaps, so its p99 ITL is not stalled;
+    3. otherwise disaggregated: the colocated worst case exceeds the ITL target often enough
+       to reach the tail.
+
+    Without a rate (a batch of ``wl.count``): ``workers`` workers are split into the xP:yD of
+    highest throughput and compared with ``workers`` colocated ones by makespan (ITL does not
+    matter to a batch); ties go to colocated.
+
+    Raises:
+        ValueError: ``target_util`` not in (0, 1), ``workers`` < 1, or no split within 100,000
+            workers; with ``dram_headroom``: as :func:`dram_tier`, or no split (``workers`` = 1).
+    """
+    if not 0 < target_util < 1:
+        raise ValueError(f"target utilisation must be in (0, 1), got {target_util}")
+    if workers < 1:
+        raise ValueError(f"workers must be >= 1, got {workers}")
+    tp = tp or auto_tp(model, hw)
+    notes: list[str] = []
+    if wl.rate is None:
+        colo = predict(model, hw, wl, "colocated", workers, tp=tp)
+        dis = None
+        if workers >= 2:
+            dis = max((predict(model, hw, wl, "disaggregated", x, workers - x, tp=tp) for x in range(1, workers)),
+                      key=lambda p: p.throughput)
+        if dis is not None and dis.makespan_s < colo.makespan_s * (1 - 1e-9):
+            rec = "disaggregated"
+            reason = (f"batch job: disaggregated {dis.prefill_workers}P:{dis.decode_workers}D finishes in "
+                      f"{secs(dis.makespan_s)}, colocated x{workers} in {secs(colo.makespan_s)}")
+        else:
+            rec = "colocated"
+            reason = (f"batch job: only the makespan counts, and colocated x{workers} finishes in "
+                      f"{secs(colo.makespan_s)}" + (f" vs {secs(dis.makespan_s)} for the best split "
+                                                   f"{dis.prefill_workers}P:{dis.decode_workers}D" if dis else
+                                                   " (one worker cannot be split into two pools)"))
+        notes.append(f"batch job: {wl.count} requests, all there at the start, on {workers} "
+                     f"worker{'s' if workers > 1 else ''} (--workers); the pools run at full speed")
+    else:
+        pf = prefill_side(model, hw, wl, tp)
+        rate = wl.rate
+        x = math.ceil(rate * max(pf.mean_s, pf.transfer_s) / target_util * (1 - 1e-12))
+        x = max(1, x)
+
+        def dec_util(w: int) -> float:
+            try:
+                n, _ = decode_concurrency(model, hw, rate / w, wl.mean_output, wl.decode_context, tp)
+            except ValueError:
+                return math.inf
+            return max(decode_worker_util(model, hw, wl, n, tp), rate * pf.transfer_s / w)
+
+        def colo_util(w: int) -> float:
+            rho = rate * pf.mean_s / w
+            if rho >= 1:
+                return math.inf
+            try:
+                n, _ = decode_concurrency(model, hw, rate / w, wl.mean_output, wl.decode_context, tp, 1 / (1 - rho))
+            except ValueError:
+                return math.inf
+            return max(rho, decode_worker_util(model, hw, wl, n, tp))
+
+        y = fewest_workers(dec_util, target_util)
+        n_colo = fewest_workers(colo_util, target_util)
+        if y is None or n_colo is None:
+            raise ValueError(f"no pool of up to 100,000 workers keeps {rate:g} requests/s under "
+                             f"utilisation {target_util}")
+        dis = predict(model, hw, wl, "disaggregated", x, y, tp=tp)
+        colo = predict(model, hw, wl, "colocated", n_colo, tp=tp)
+        tail = 1 - tail_quantile
+        if colo.itl_worst_s <= itl_target_s:
+            rec = "colocated"
+            reason = (f"colocated worst-case ITL {secs(colo.itl_worst_s)} (ITL + one p99 prefill) is within "
+                      f"the {secs(itl_target_s)} target: no decode stall to remove, and disaggregation "
+                      f"does not raise throughput")
+        elif colo.stall_fraction < tail:
+            rec = "colocated"
+            reason = (f"load too small to fill two pools: prefills land in {colo.stall_fraction:.2%} of "
+                      f"a colocated worker's gaps (< {tail:.0%}), so its p{tail_quantile * 100:g} ITL stays "
+                      f"{secs(colo.itl_s)}; {x}P:{y}D would run at prefill {dis.prefill_util:.2f}, "
+                      f"decode {dis.decode_util:.2f}")
+        else:
+            rec = "disaggregated"
+            reason = (f"colocated worst-case ITL {secs(colo.itl_worst_s)} exceeds the {secs(itl_target_s)} "
+                      f"target in {colo.stall_fraction:.1%} of gaps; disaggregated ITL is {secs(dis.itl_s)}")
+            if dis.itl_s > itl_target_s:
+                notes.append(f"disaggregated ITL {secs(dis.itl_s)} also exceeds the target: decode is "
+                             f"bound by reading the weights ({secs(decode_step_time(model, hw, 0, 0, tp))} "
+                             f"per step at best); more decode workers cannot go below that")
+    chosen = dis if rec == "disaggregated" else colo
+    overrides = chosen.overrides
+    if hw.kv_cache_bytes is None:
+        overrides += f" model.gpu_memory_utilization={hw.mem_fraction:g}"
+        notes.append(f"assumes vLLM may use {hw.mem_fraction:.0%} of device memory "
+                     f"(the pipeline's default model.gpu_memory_utilization is 0.3)")
+    if tp > 1:
+        notes.append(f"{tp} devices per worker (tensor parallel): weights {model.weight_bytes / GB:.1f} GB")
+    dram = None
+    if dram_headroom is not None:
+        if dis is None:
+            raise ValueError("the DRAM tier needs a disaggregated split: give --workers >= 2")
+        dram = dram_tier(model, hw, wl, dis, headroom=dram_headroom, itl_target_s=itl_target_s)
+        if rec != "disaggregated":
+            dram.notes.append(f"sized for the disaggregated split {dis.prefill_workers}P:{dis.decode_workers}D; "
+                              f"the recommendation is {rec}")
+    return Plan(model, hw, wl, target_util, itl_target_s, dis, colo, rec, reason, overrides, notes, dram)

@@ -1,0 +1,40 @@
+"""A report's headline numbers as a few lines of text (what the command line prints)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def ms(x: float | None) -> str:
+    """Seconds as milliseconds text (``-`` for None)."""
+    return "-" if x is None else f"{x * 1e3:.1f} ms"
+
+
+def _s(x: float | None) -> str:
+    return "-" if x is None else f"{x:.3f} s"
+
+
+def summary_text(report: dict[str, Any]) -> str:
+    """A few lines of text with the headline numbers of a report."""
+    tps = report["output_tokens_per_s"]
+    hit = report["prefix_cache_hit_rate"]
+    lines = [
+        f"{report['mode']} run: requests {report['requests']} (errors {report['errors']}) | "
+        f"output tokens {report['output_tokens']} | wall {report['wall_s']:.2f} s | "
+        f"{'-' if tps is None else f'{tps:.1f}'} output tok/s",
+        f"TTFT p50 {_s(report['ttft_p50_s'])} p99 {_s(report['ttft_p99_s'])} | "
+        f"ITL p50 {ms(report['itl_p50_s'])} p99 {ms(report['itl_p99_s'])} "
+        f"max {ms(report['itl_max_s'])}",
+        f"stalls (> {report['stall_threshold_s'] * 1e3:g} ms) {report['stalls']} in "
+        f"{report['requests_with_stalls']} requests | KV hand-off p50 {ms(report['kv_handoff_p50_s'])} "
+        f"p99 {ms(report['kv_handoff_p99_s'])} | KV {report['kv_total_bytes'] / 2**20:.1f} MiB | "
+        f"prefix cache hit {'-' if hit is None else f'{hit:.1%}'}",
+    ]
+    for name, w in report["workers"].items():
+        busy = w["busy_fraction"]
+        kv = w["max_kv_cache_usage"]
+        mean = w["mean_batch_size"]
+        lines.append(f"  {name} ({w['role']}): busy {'-' if busy is None else f'{busy:.0%}'}, "
+                     f"batch mean {'-' if mean is None else f'{mean:.1f}'} max {w['max_batch_size']}, "
+                     f"KV cache max {'-' if kv is None else f'{kv:.0%}'}")
+    return "\n".join(lines)

@@ -1,0 +1,25 @@
+"""What can go wrong between a row and its generation, by who must act: a row error (the row
+becomes an error row and the shard goes on) or a worker failure (the worker stops; its restart
+serves the row again)."""
+
+from __future__ import annotations
+
+
+class DecodeUnavailable(RuntimeError):
+    """No decode worker published its endpoint (or stayed alive) in time: a worker failure."""
+
+
+class DecodeLost(RuntimeError):
+    """The decode worker holding a hand-off died or was restarted; the row must be served again."""
+
+
+class KVTooLarge(ValueError):
+    """A request's KV (prompt + new tokens) exceeds the KV cache of every decode worker: no
+    worker could ever hold it, so it must not be handed off (it would wait forever)."""
+
+
+def is_worker_failure(exc: BaseException) -> bool:
+    """Whether ``exc`` means this worker cannot go on (its engine died, no decode worker is left),
+    as opposed to one row failing. Such an error must not be written down as a row's result: the
+    worker fails, and its restart serves the row again."""
+    return isinstance(exc, DecodeUnavailable) or type(exc).__name__ == "EngineDeadError"

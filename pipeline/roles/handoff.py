@@ -1,0 +1,146 @@
+"""The prefill hand-off of one row: (reserve DRAM-tier slots,) prefill, hand off to a decode
+worker, wait for the generation, and serve the row again when its decode worker is lost or its KV
+never arrived, under an explicit :class:`RetryPolicy`."""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from pipeline.config import Config
+from pipeline.engine.stream import Streamed, sampling_params, stream
+from pipeline.io.output import RowResult, served_row
+from pipeline.io.prompts import Prompt
+from pipeline.roles.errors import DecodeLost
+from pipeline.roles.router import DecodeRouter
+from pipeline.runtime.ids import request_id
+from pipeline.wire.messages import Handoff, Reserve, Result
+
+if TYPE_CHECKING:
+    from vllm.v1.engine.async_llm import AsyncLLM
+
+log = logging.getLogger(__name__)
+
+# What the prefill request tells vLLM's NIXL connectors: keep the KV for a remote decode.
+REMOTE_DECODE = {"do_remote_decode": True, "do_remote_prefill": False, "remote_engine_id": None,
+                 "remote_block_ids": None, "remote_host": None, "remote_port": None}
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """How often a row is served before its failure is final: ``tries`` prefills and hand-offs
+    (``transport.handoff_retries + 1``). Retried: a lost decode worker or a reservation that got
+    no answer (:class:`~pipeline.roles.errors.DecodeLost`, ``TimeoutError``: raised on the last
+    try), and KV that never arrived (``Result.retry``: an error row after the last try). Anything
+    else fails the row at once."""
+
+    tries: int
+
+    RETRIED = (DecodeLost, TimeoutError)
+
+    def again(self, n: int, row_key: str, why: object, what: str = "serving it again") -> bool:
+        """Whether try ``n`` (0-based) is followed by another; logs the retry."""
+        if n + 1 >= self.tries:
+            return False
+        log.warning("row %s: %s; %s (try %d of %d)", row_key, why, what, n + 2, self.tries)
+        return True
+
+
+class PrefillHandoff:
+    """Serves rows on a prefill worker: each row's prompt is prefilled on ``engine`` (one token,
+    ``do_remote_decode``) and handed to a decode worker through ``router``.
+
+    With the DRAM tier (``offload=dram``) slots in a decode worker's tier are reserved before the
+    prefill: the prefill engine writes the KV there when the prefill ends and frees its own blocks
+    at once; the hand-off then goes to that worker.
+    """
+
+    def __init__(self, cfg: Config, engine: "AsyncLLM", router: DecodeRouter, worker: str,
+                 attempt: float, kv_bytes_per_token: int):
+        self.cfg, self.engine, self.router, self.worker = cfg, engine, router, worker
+        self.attempt, self.kv_bytes_per_token = attempt, kv_bytes_per_token
+        self.dram = cfg.offload.dram(cfg.model.max_model_len)
+        self.block_size = engine.vllm_config.cache_config.block_size
+        self.policy = RetryPolicy(cfg.transport.handoff_retries + 1)
+        self.max_tokens = cfg.job.sampling.max_new_tokens
+
+    async def serve(self, p: Prompt) -> RowResult:
+        """The row's generation (or error row).
+
+        Raises:
+            KVTooLarge: no decode worker could ever hold the request (before any prefill).
+            DecodeLost, TimeoutError: the last try lost its decode worker or got no answer.
+            DecodeUnavailable: no decode worker was alive for ``transport.connect_timeout_s``.
+        """
+        need = len(p.token_ids) + self.max_tokens
+        # A request no decode worker can hold is an error row before it costs a prefill.
+        self.router.check_fits(need, len(p.token_ids) if self.dram else None)
+        capacity_wait = 0.0
+        for n in range(self.policy.tries):
+            rid = request_id(p.row_key, n)
+            route = p.prefix_key if n == 0 else None
+            rank, kv_params = None, REMOTE_DECODE
+            if self.dram:
+                t_wait = time.time()
+                try:
+                    rank, pool = await self._reserve(p, rid, need, route)
+                except self.policy.RETRIED as exc:
+                    if not self.policy.again(n, p.row_key, exc, "reserving again"):
+                        raise
+                    continue
+                finally:
+                    capacity_wait += time.time() - t_wait
+                kv_params = {"dram": pool}
+            t0 = time.time()
+            pre = await self._prefill(p, rid, kv_params, rank)
+            t_prefilled = time.time()
+            try:
+                res = await self.router.handoff(Handoff(
+                    row_key=p.row_key, request_id=rid, prefill_worker=self.worker, attempt=self.attempt,
+                    prompt_token_ids=p.token_ids, max_tokens=self.max_tokens,
+                    kv_transfer_params=pre.kv_transfer_params, prefill_done_at=t_prefilled),
+                    wait_s=self.cfg.transport.connect_timeout_s, route=route, rank=rank)
+            except self.policy.RETRIED as exc:
+                # The KV this prefill produced is gone with that decode worker (or never
+                # arrived): prefill again and hand off to a live one.
+                if not self.policy.again(n, p.row_key, exc):
+                    raise
+                continue
+            # res.retry: the decode worker gave up waiting for this request's KV and aborted it.
+            if not res.retry or not self.policy.again(n, p.row_key, res.error):
+                break
+        return self._row(res, pre, t0, t_prefilled, n + 1, capacity_wait if self.dram else None)
+
+    async def _reserve(self, p: Prompt, rid: str, need: int, route: str | None) -> tuple[int, dict[str, Any]]:
+        return await self.router.reserve(Reserve(
+            row_key=p.row_key, request_id=rid, prefill_worker=self.worker, attempt=self.attempt,
+            blocks=-(-len(p.token_ids) // self.block_size)), need, self.cfg.transport.connect_timeout_s, route)
+
+    async def _prefill(self, p: Prompt, rid: str, kv_params: dict[str, Any], rank: int | None) -> Streamed:
+        """The 1-token prefill; gives back the row's DRAM-tier reservation if it fails.
+
+        Raises:
+            RuntimeError: vLLM returned no ``kv_transfer_params`` (no KV connector configured).
+        """
+        try:
+            pre = await stream(self.engine, rid, p.token_ids, sampling_params(
+                self.cfg.job.sampling, max_tokens=1, kv_transfer_params=kv_params))
+        except BaseException:
+            if rank is not None:
+                await self.router.release(rank, rid)
+            raise
+        if not pre.kv_transfer_params:
+            raise RuntimeError("prefill returned no kv_transfer_params; is a KV connector configured?")
+        return pre
+
+    def _row(self, res: Result, pre: Streamed, t0: float, t_prefilled: float, tries: int,
+             capacity_wait_s: float | None) -> RowResult:
+        error = res.error if not res.retry else f"{res.error} (after {tries} tries)"
+        return served_row(
+            text=res.text, token_ids=res.token_ids, finish_reason=res.finish_reason, error=error,
+            token_times=res.token_times, prefill_start=t0, prefill_end=t_prefilled,
+            prefill_worker=self.worker, decode_worker=res.decode_worker, kv_tokens=res.kv_tokens,
+            kv_bytes=res.kv_tokens * self.kv_bytes_per_token, decode_arrived_at=res.arrived_at,
+            prefix_cached_tokens=pre.num_cached_tokens, tries=tries, capacity_wait_s=capacity_wait_s)

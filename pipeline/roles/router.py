@@ -1,0 +1,223 @@
+"""The decode-worker router of a prefill worker: connections to every decode rank, liveness from
+their heartbeats, and the choice of decode worker for each request (admission by KV)."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import time
+
+import msgspec
+import zmq
+import zmq.asyncio
+
+from pipeline.roles.errors import DecodeLost, DecodeUnavailable, KVTooLarge
+from pipeline.runtime.rundir import RunDir
+from pipeline.wire.auth import Unauthenticated, sign, verify
+from pipeline.wire.messages import Handoff, Release, Reserve, Reserved, Result, decode, encode
+
+
+async def wait_for_decode(run: RunDir, count: int, timeout_s: float) -> dict[int, dict[str, str]]:
+    """Wait until ``count`` decode ranks have published endpoints in the run directory.
+
+    Raises:
+        DecodeUnavailable: fewer than ``count`` appeared within ``timeout_s`` seconds.
+    """
+    deadline = time.monotonic() + timeout_s
+    while True:
+        endpoints = run.decode_endpoints()
+        if len(endpoints) >= count:
+            return endpoints
+        if time.monotonic() > deadline:
+            raise DecodeUnavailable(
+                f"{len(endpoints)} of {count} decode workers came up within {timeout_s:.0f} s; "
+                f"see their logs in {run.logs}")
+        await asyncio.sleep(0.5)
+
+
+class DecodeRouter:
+    """Connections to the decode workers. :meth:`handoff` sends to the live worker with the most
+    free KV cache and waits for its :class:`Result`. Admission counts KV tokens, not requests:
+    a worker's load is the KV its hand-offs in flight will reach (prompt + new tokens each) as a
+    fraction of the tokens its KV cache holds (published by the worker at start).
+
+    A monitor re-reads the decode endpoints every second: a worker whose heartbeat (in its
+    endpoint file) is older than ``dead_after_s`` seconds is dead, one that published a new
+    endpoint was restarted; either way its in-flight hand-offs fail with :class:`DecodeLost`
+    (the caller serves them again) and new hand-offs go elsewhere, or wait for it to come back.
+    """
+
+    def __init__(self, run: RunDir, timeout_s: float, dead_after_s: float, secret: bytes):
+        self.run, self.timeout_s, self.dead_after_s, self.secret = run, timeout_s, dead_after_s, secret
+        self.ctx = zmq.asyncio.Context()
+        self.endpoints: dict[int, str] = {}
+        self.sockets: dict[int, zmq.asyncio.Socket] = {}
+        self.receivers: dict[int, asyncio.Task] = {}
+        # rank -> row key (hand-off) or ("reserve", request id) -> its answer
+        self.inflight: dict[int, dict[str | tuple[str, str], asyncio.Future]] = {}
+        self.inflight_tokens: dict[int, int] = {}  # rank -> KV tokens its hand-offs in flight reach
+        self.capacity: dict[int, int | None] = {}  # rank -> tokens its KV cache holds
+        self.dram_capacity: dict[int, int | None] = {}  # rank -> tokens its DRAM tier holds
+        self.live: set[int] = set()
+        self.changed = asyncio.Event()
+        self._refresh()
+        self.monitor = asyncio.create_task(self._watch())
+
+    def _refresh(self) -> None:
+        now = time.time()
+        for rank, ep in self.run.decode_endpoints().items():
+            alive = now - ep.get("heartbeat", now) < self.dead_after_s
+            self.capacity[rank] = ep.get("kv_capacity_tokens")
+            self.dram_capacity[rank] = ep.get("dram_capacity_tokens")
+            if ep["endpoint"] != self.endpoints.get(rank):
+                self._drop(rank, f"decode rank {rank} restarted")
+                s = self.ctx.socket(zmq.DEALER)
+                s.setsockopt(zmq.LINGER, 0)
+                s.connect(ep["endpoint"])
+                self.endpoints[rank], self.sockets[rank] = ep["endpoint"], s
+                self.receivers[rank] = asyncio.create_task(self._receive(rank, s))
+            if alive and rank not in self.live:
+                self.live.add(rank)
+                self.changed.set()
+            elif not alive and rank in self.live:
+                self._drop(rank, f"decode rank {rank} stopped answering (no heartbeat for {self.dead_after_s:.0f} s)")
+
+    def _drop(self, rank: int, why: str) -> None:
+        self.live.discard(rank)
+        for fut in self.inflight.pop(rank, {}).values():
+            if not fut.done():
+                fut.set_exception(DecodeLost(why))
+        if rank in self.receivers:
+            self.receivers.pop(rank).cancel()
+            self.sockets.pop(rank).close()
+            self.endpoints.pop(rank, None)
+
+    async def _watch(self) -> None:
+        while True:
+            await asyncio.sleep(1.0)
+            self._refresh()
+
+    async def _receive(self, rank: int, sock: zmq.asyncio.Socket) -> None:
+        while True:
+            try:
+                msg = decode(verify(self.secret, await sock.recv()))
+            except (Unauthenticated, msgspec.DecodeError):
+                continue
+            fut = None
+            if isinstance(msg, Result):
+                fut = self.inflight.get(rank, {}).get(msg.row_key)
+            elif isinstance(msg, Reserved):
+                fut = self.inflight.get(rank, {}).get(("reserve", msg.request_id))
+            if fut is not None and not fut.done():
+                fut.set_result(msg)
+
+    def check_fits(self, kv_tokens: int, prompt_tokens: int | None = None) -> None:
+        """Raise :class:`KVTooLarge` if no known decode worker's KV cache holds ``kv_tokens``
+        tokens, or (given ``prompt_tokens``, with the DRAM tier) no worker's DRAM tier holds the
+        prompt's KV (nothing is known before the first worker publishes its capacity)."""
+        known = [c for c in self.capacity.values() if c]
+        if known and kv_tokens > max(known):
+            raise KVTooLarge(
+                f"the request needs KV for {kv_tokens} tokens (prompt + max new tokens) but the largest "
+                f"decode worker's KV cache holds {max(known)} tokens; shorten the prompt, lower "
+                f"job.sampling.max_new_tokens, or give decode more KV cache (model.kv_cache_gib)")
+        dram = [c for c in self.dram_capacity.values() if c]
+        if prompt_tokens is not None and dram and prompt_tokens > max(dram):
+            raise KVTooLarge(
+                f"the prompt's KV ({prompt_tokens} tokens) exceeds the largest decode worker's DRAM tier "
+                f"({max(dram)} tokens); raise offload.dram_gib")
+
+    async def _pick(self, wait_s: float, route: str | None = None, kv_tokens: int = 0) -> int:
+        deadline = time.monotonic() + wait_s
+        while True:
+            # Live workers big enough for this request (a worker of unknown size counts as one).
+            fits = {r for r in self.live if (self.capacity.get(r) or kv_tokens) >= kv_tokens}
+            if fits:
+                break
+            if self.live:  # live workers, none big enough; raises unless a capacity is unknown
+                self.check_fits(kv_tokens)
+            self.changed.clear()
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise DecodeUnavailable(f"no decode worker alive for {wait_s:.0f} s")
+            try:
+                await asyncio.wait_for(self.changed.wait(), left)
+            except asyncio.TimeoutError:
+                pass
+        if route is not None:
+            # Prefix-aware: the same prefix always meets the same live worker (rendezvous
+            # hashing: when a worker dies, only its prefixes move), whose prefix cache then
+            # already holds the shared blocks and takes less KV over NIXL.
+            return max(fits, key=lambda r: hashlib.blake2b(f"{r}/{route}".encode(), digest_size=8).digest())
+        if all(self.capacity.get(r) for r in fits):
+            # Least loaded by KV: (tokens in flight + this request's) / capacity; ties by rank.
+            return min(fits, key=lambda r: ((self.inflight_tokens.get(r, 0) + kv_tokens) / self.capacity[r], r))
+        return min(fits, key=lambda r: (len(self.inflight.get(r, {})), r))
+
+    async def reserve(self, r: Reserve, kv_tokens: int, wait_s: float, route: str | None = None) -> tuple[int, dict]:
+        """Reserve ``r.blocks`` slots of a decode worker's DRAM tier for ``r.request_id``, on the
+        worker the request would be handed to (see :meth:`handoff`). Waits while the tier is
+        full: this is where a prefill worker waits for decode capacity with ``offload=dram``.
+        Returns (the worker's rank, what the prefill engine needs to write there).
+
+        Raises:
+            KVTooLarge: no decode worker could ever hold the request.
+            DecodeLost: that worker died or restarted before answering.
+            DecodeUnavailable: no decode worker was alive for ``wait_s`` seconds.
+            RuntimeError: the worker could not reserve the slots (its reason).
+            TimeoutError: no answer within ``transport.handoff_timeout_s`` seconds.
+        """
+        rank = await self._pick(wait_s, route, kv_tokens)
+        key = ("reserve", r.request_id)
+        fut = asyncio.get_running_loop().create_future()
+        self.inflight.setdefault(rank, {})[key] = fut
+        try:
+            await self.sockets[rank].send(sign(self.secret, encode(r)))
+            ans: Reserved = await asyncio.wait_for(fut, self.timeout_s)
+        except asyncio.TimeoutError:
+            raise TimeoutError(f"decode rank {rank} reserved no DRAM-tier slots within {self.timeout_s:.0f} s") from None
+        finally:
+            self.inflight.get(rank, {}).pop(key, None)
+        if ans.error is not None or ans.pool is None:
+            raise RuntimeError(f"decode rank {rank} could not reserve DRAM-tier slots: {ans.error}")
+        return rank, ans.pool
+
+    async def release(self, rank: int, request_id: str) -> None:
+        """Give back a reservation no hand-off will claim (best effort: the worker also expires it)."""
+        if rank in self.sockets:
+            await self.sockets[rank].send(sign(self.secret, encode(Release(request_id=request_id))))
+
+    async def handoff(self, h: Handoff, wait_s: float, route: str | None = None, rank: int | None = None) -> Result:
+        """Send ``h`` to a live decode worker whose KV cache can hold it (waiting up to ``wait_s``
+        seconds for one); return its result. ``route`` (a prompt-prefix key) picks among them by
+        hashing; without it the worker with the most free KV is chosen. ``rank``: send to this
+        worker (the one holding the request's DRAM-tier reservation) while it is live.
+
+        Raises:
+            KVTooLarge: no live decode worker's KV cache holds prompt + ``max_tokens`` tokens.
+            DecodeLost: that worker died or restarted before answering.
+            DecodeUnavailable: no decode worker was alive for ``wait_s`` seconds.
+            TimeoutError: no result within ``transport.handoff_timeout_s`` seconds.
+        """
+        need = len(h.prompt_token_ids) + h.max_tokens
+        if rank is None or rank not in self.live:
+            rank = await self._pick(wait_s, route, need)
+        fut = asyncio.get_running_loop().create_future()
+        self.inflight.setdefault(rank, {})[h.row_key] = fut
+        self.inflight_tokens[rank] = self.inflight_tokens.get(rank, 0) + need
+        try:
+            await self.sockets[rank].send(sign(self.secret, encode(h)))
+            return await asyncio.wait_for(fut, self.timeout_s)
+        except asyncio.TimeoutError:
+            raise TimeoutError(f"decode rank {rank} gave no result within {self.timeout_s:.0f} s") from None
+        finally:
+            self.inflight.get(rank, {}).pop(h.row_key, None)
+            self.inflight_tokens[rank] = self.inflight_tokens.get(rank, 0) - need
+
+    def close(self) -> None:
+        self.monitor.cancel()
+        for t in self.receivers.values():
+            t.cancel()
+        for s in self.sockets.values():
+            s.close()
+        self.ctx.term()

@@ -1,0 +1,104 @@
+"""The control channel between prefill and decode workers: ZeroMQ + msgspec (msgpack).
+
+A decode worker binds a ROUTER socket and publishes its endpoint in the run directory; each
+prefill worker connects a DEALER socket to every decode worker. Prefill sends :class:`Handoff`
+messages; the decode worker answers each with one :class:`Result` on the same connection.
+Messages are typed msgspec structs: nothing received from the network is unpickled. Every
+message is signed with the run's secret (:mod:`pipeline.wire.auth`); unsigned ones are dropped.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+import msgspec
+
+
+class Handoff(msgspec.Struct, tag="handoff"):
+    """A prefilled request handed to a decode worker.
+
+    ``request_id`` is the vLLM request id the prefill engine used (the decode engine must use
+    the same one). ``kv_transfer_params`` is the dict vLLM returned with the prefill output (the NIXL connector's
+    block ids, engine id and side-channel address), passed to decode unchanged.
+    ``row_key`` names the row in the run (:func:`pipeline.runtime.ids.row_key`).
+    ``prefill_worker`` is the prefill worker's id and ``attempt`` the start time of its process: a
+    decode worker that sees a newer attempt of a prefill worker drops what an older attempt left in
+    flight (the prefill worker was restarted and serves those rows again). Sampling other than
+    ``max_tokens`` is the run's ``job.sampling``, which the decode worker reads from the run's
+    config. Times are wall-clock seconds since the epoch
+    (``time.time()``).
+    """
+
+    row_key: str
+    request_id: str
+    prefill_worker: str
+    attempt: float
+    prompt_token_ids: list[int]
+    max_tokens: int
+    kv_transfer_params: dict[str, Any]
+    prefill_done_at: float
+
+
+class Result(msgspec.Struct, tag="result"):
+    """The decode worker's answer to one :class:`Handoff`.
+
+    ``kv_tokens`` is the number of prompt tokens whose KV the decode engine did not compute itself
+    (vLLM's ``num_cached_tokens``: KV that arrived over NIXL). ``token_times`` holds the wall-clock
+    time each output token was seen (seconds since the epoch), one per token id. ``retry`` means
+    the request never started decoding (its KV did not arrive within ``transport.kv_timeout_s``):
+    the prefill worker should prefill it again and hand it off anew.
+    """
+
+    row_key: str
+    decode_worker: str
+    token_ids: list[int]
+    text: str
+    finish_reason: Optional[str]
+    error: Optional[str]
+    kv_tokens: int
+    arrived_at: float
+    token_times: list[float]
+    retry: bool = False
+
+
+class Reserve(msgspec.Struct, tag="reserve"):
+    """Ask a decode worker for ``blocks`` slots of its DRAM tier for request ``request_id`` of row
+    ``row_key`` (``offload=dram``), before its prefill starts. Answered by :class:`Reserved`."""
+
+    row_key: str
+    request_id: str
+    prefill_worker: str
+    attempt: float
+    blocks: int
+
+
+class Reserved(msgspec.Struct, tag="reserved"):
+    """The answer to :class:`Reserve`: ``pool`` is what the prefill engine needs to WRITE into the
+    DRAM tier (:meth:`pipeline.engine.dram_pool.DramPool.describe` with the reserved ``"slots"``), or
+    ``error`` says why there is no room."""
+
+    row_key: str
+    request_id: str
+    pool: Optional[dict[str, Any]]
+    error: Optional[str] = None
+
+
+class Release(msgspec.Struct, tag="release"):
+    """Give back the slots reserved for ``request_id`` (its prefill failed; no hand-off follows)."""
+
+    request_id: str
+
+
+Message = Handoff | Result | Reserve | Reserved | Release
+_encoder = msgspec.msgpack.Encoder()
+_decoder = msgspec.msgpack.Decoder(Message)
+
+
+def encode(msg: Message) -> bytes:
+    return _encoder.encode(msg)
+
+
+def decode(data: bytes) -> Message:
+    """Decode one message. Raises ``msgspec.DecodeError`` on anything that is not a valid
+    :data:`Message`."""
+    return _decoder.decode(data)

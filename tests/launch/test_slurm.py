@@ -1,0 +1,99 @@
+"""The same pipeline on a real Slurm: the single-node test cluster of
+slurm/start-test-cluster.sh (2 CPUs, feature "ib"), brought up by the fixture below."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import time
+
+import pyarrow.parquet as pq
+import pytest
+
+from tests.conftest import COMMON, ROOT, SAMPLE, run_pipeline
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slurm]
+SHARDS = sorted(p.name for p in SAMPLE.glob("*.parquet"))
+
+
+@pytest.fixture(scope="session")
+def slurm_cluster():
+    if os.geteuid() != 0:
+        pytest.skip("bringing up the test Slurm needs root (apt-get, munge, slurmd)")
+    p = subprocess.run(["bash", str(ROOT / "slurm" / "start-test-cluster.sh")],
+                       capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, f"test Slurm did not come up:\n{p.stdout}\n{p.stderr}"
+
+
+def _scontrol_job(job_id: str) -> str:
+    return subprocess.run(["scontrol", "show", "job", job_id], capture_output=True, text=True).stdout
+
+
+@pytest.fixture(scope="session")
+def slurm_run(slurm_cluster, tmp_path_factory):
+    base = tmp_path_factory.mktemp("slurm")
+    p = run_pipeline(*COMMON, "cluster=slurm-test", "pools.prefill=2", "pools.decode=1",
+                     "run.wait=true", f"run.dir={base / 'run'}", f"job.input={SAMPLE}",
+                     f"job.output={base / 'output'}", timeout=1500)
+    assert p.returncode == 0, f"{p.stdout}\n{p.stderr[-4000:]}"
+    return base
+
+
+def test_slurm_run_every_row_once(slurm_run, colocated_run):
+    for shard in SHARDS:
+        src = pq.read_table(SAMPLE / shard)
+        out = pq.read_table(slurm_run / "output" / shard)
+        assert out.column("id").to_pylist() == src.column("id").to_pylist()
+        assert out.column("module").to_pylist() == src.column("module").to_pylist()
+        assert out.column("error").null_count == out.num_rows
+        assert (out.column("generation_token_ids").to_pylist()
+                == colocated_run.table(shard).column("generation_token_ids").to_pylist())
+
+
+def test_slurm_jobs_asked_for_infiniband_and_used_an_array(slurm_run):
+    jobs = json.loads((slurm_run / "run" / "jobs.json").read_text())
+    assert len(jobs["decode"]) == 1
+    assert len(jobs["array_tasks"]) == 2  # one array task per prefill worker
+    array_ids = {j.split("_")[0] for j in jobs["array_tasks"]}
+    assert len(array_ids) == 1 and all("_" in j for j in jobs["array_tasks"])
+    for job_id in [*jobs["decode"], *jobs["array_tasks"]]:
+        info = _scontrol_job(job_id)
+        assert "Features=ib" in info, info
+    # The prefill array was held until the decode job started, at most 2 tasks at once.
+    sbatch = "".join(p.read_text() for p in (slurm_run / "run" / "logs").glob("*/*.sh"))
+    assert f"#SBATCH --dependency=after:{jobs['decode'][0]}" in sbatch
+    assert "#SBATCH --array=0-1%2" in sbatch
+    workers = {r["prefill_worker"] for s in SHARDS for r in pq.read_table(slurm_run / "output" / s).to_pylist()}
+    assert {w.split("@")[0] for w in workers} == {"prefill-0", "prefill-1"}
+
+
+def test_notebook_api_and_requeue_mid_shard(slurm_cluster, colocated_run, tmp_path):
+    """Submit from Python, requeue the prefill task once it has checkpointed some rows of its
+    shard, and check it resumes there and the output equals an undisturbed run."""
+    from pipeline import submit
+
+    shard = SHARDS[0]
+    handle = submit("+job=summarize", *COMMON[1:], "cluster=slurm-test", "pools.prefill=1",
+                    "pools.decode=1", "transport=nixl_pull", "job.batch_rows=2", "job.checkpoint_rows=2",
+                    f"job.input={SAMPLE / shard}", f"run.dir={tmp_path / 'run'}",
+                    f"job.output={tmp_path / 'output'}")
+    owner = json.loads((handle.run_dir / "jobs.json").read_text())["array_tasks"][0]
+    parts = handle.run_dir / "checkpoints" / shard
+    deadline = time.monotonic() + 600
+    while not list(parts.glob("part-*.parquet")):
+        assert time.monotonic() < deadline, f"no checkpoint within 600 s: {handle.status()}"
+        assert not (handle.run_dir / "done" / f"{shard}.json").exists(), "shard finished before requeue"
+        time.sleep(0.5)
+    saved = sum(pq.read_metadata(p).num_rows for p in parts.glob("part-*.parquet"))
+    subprocess.run(["scontrol", "requeue", owner], check=True)
+    status = handle.status()
+    assert status["shards"] == 1
+    summary = handle.wait()
+    assert summary.shards_done == 1 and summary.errors == 0
+    done = json.loads((handle.run_dir / "done" / f"{shard}.json").read_text())
+    assert done["resumed_rows"] >= saved > 0
+    table = handle.result().to_table()
+    want = colocated_run.table(shard)
+    assert table.column("id").to_pylist() == want.column("id").to_pylist()
+    assert table.column("generation_token_ids").to_pylist() == want.column("generation_token_ids").to_pylist()

@@ -1,0 +1,120 @@
+"""``python -m pipeline.plan`` (pipeline/plan/cli.py): JSON and readable output, DRAM-tier options
+and one-line errors, checked against hand computations and published figures."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+
+import pytest
+
+from tests.conftest import ROOT
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "pipeline.plan", *args], cwd=ROOT,
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_cli_json_llama_70b_on_h100():
+    p = _cli("--model", "llama-3.1-70b", "--hardware", "h100", "--prompt-tokens", "8192",
+             "--output-tokens", "256", "--rate", "2.0", "--json")
+    assert p.returncode == 0, p.stderr
+    out = json.loads(p.stdout)
+    assert out["kv_bytes_per_token"] == 327_680
+    # TP: 141.2 GB of weights <= half of 4 x 80 GB x 0.9 = 144 GB (2 devices: 72 GB, too few).
+    # Prefill of 8192 tokens: N = 70.6e9 - 2 x 128256 x 8192 = 68.4987e9;
+    #   2 N L + 2 x 80 x L^2 x 8192 = 1.12228e15 + 8.7961e13 = 1.21024e15 FLOPs
+    #   / (4 x 989e12 x 0.5) = 0.6118 s; x = ceil(2.0 x 0.6118 / 0.75) = 2.
+    dis = out["disaggregated"]
+    assert dis["tp"] == 4
+    assert dis["prefill_s"] == pytest.approx(0.6118, rel=1e-3)
+    assert dis["prefill_workers"] == 2
+    assert out["recommendation"] in ("colocated", "disaggregated")
+    assert out["overrides"].startswith(f"pools={out['recommendation']} pools.prefill=")
+    assert "model.prefill_tp=4 model.decode_tp=4" in out["overrides"]
+
+
+def test_cli_readable_output_and_one_line_errors():
+    p = _cli("--model", "llama-3.1-8b", "--hardware", "h200", "--prompt-tokens", "1000,3000",
+             "--output-tokens", "200", "--rate", "5")
+    assert p.returncode == 0, p.stderr
+    assert "recommendation:" in p.stdout and "overrides: pools=" in p.stdout
+    bad = _cli("--model", "llama-3.1-8b", "--prompt-tokens", "100", "--output-tokens", "10", "--rate", "-1")
+    assert bad.returncode == 2
+    assert bad.stderr.strip().count("\n") == 0 and "rate must be > 0" in bad.stderr
+    assert _cli("--model", "llama-3.1-8b", "--hardware", "tpu", "--prompt-tokens", "1",
+                "--output-tokens", "1", "--rate", "1").returncode == 2
+
+
+def test_cli_dram_tier_llama_70b_128k_on_h200():
+    # The README's worked example. Llama-3.1-70B: 327,680 B/token; a request of 130,048 prompt +
+    # 1,024 output tokens = 131,072 tokens x 327,680 B = 42,949,672,960 B = 40 GiB exactly.
+    p = _cli("--model", "llama-3.1-70b", "--hardware", "h200", "--prompt-tokens", "130048",
+             "--output-tokens", "1024", "--rate", "1.0", "--dram-tier", "--json")
+    assert p.returncode == 0, p.stderr
+    out = json.loads(p.stdout)
+    d = out["dram_tier"]
+    assert d["request_bytes"] == 131072 * 327680 == 40 * 2**30
+    # TP 4 (as for H100: 141.2 GB <= half of 4 x 141 GB x 0.9); KV cache 4 x 141e9 x 0.9 - 141.2e9
+    # = 366.4e9 B; / 42.95e9 = 8.53 -> 8 slots; / 42.61e9 (prompt) = 8.60 -> 8: none swapped.
+    assert (d["tp"], d["slots"], d["swapped"]) == (4, 8, 0)
+    assert d["kv_capacity_bytes"] == pytest.approx(366.4e9)
+    # Load: 130,048 x 327,680 = 42,614,128,640 B / (4 x 55e9 B/s) = 193.70 ms; push 213.07 ms.
+    assert d["load_s"] == pytest.approx(42_614_128_640 / 220e9)
+    assert d["load_s"] == pytest.approx(0.19370, abs=1e-5)
+    assert d["transfer_s"] == pytest.approx(0.21307, abs=1e-5)
+    # 1 req/s over 5 decode workers: 0.2 each. Decode step (memory bound):
+    #   a = 141.2e9 / (4 x 4.8e12 x 0.7) = 10.506 ms, b = 327,680 x 130,560 / 13.44e12 = 3.1832 ms;
+    #   r = 0.2 x 1024 = 204.8: n = r a / (1 - r b) = 2.151619 / 0.348085 = 6.1813,
+    #   ITL = 10.5060 + 3.18318 x 6.1813 = 30.182 ms.
+    assert out["disaggregated"]["decode_workers"] == 5 and d["rate"] == pytest.approx(0.2)
+    assert d["itl_s"] == pytest.approx(0.030182, abs=1e-6)
+    # A slot is held W = 0.19370 + 1024 x ITL = 31.10 s; a = 0.2 x W = 6.22 erlangs on c = 8.
+    w = 0.19370 + 1024 * d["itl_s"]
+    a = 0.2 * w
+    assert d["offered"] == pytest.approx(a, rel=1e-4)
+    # Erlang C from its closed form: (a^c / c! x c / (c - a)) / (sum_{k<c} a^k / k! + that).
+    top = a ** 8 / math.factorial(8) * 8 / (8 - a)
+    c = top / (sum(a ** k / math.factorial(k) for k in range(8)) + top)
+    assert 0.40 < c < 0.42
+    assert d["wait_probability"] == pytest.approx(c, rel=1e-4)
+    wq = c * w / (8 - a)
+    assert d["admit_wait_s"] == pytest.approx(wq, rel=1e-4)
+    # Little's law: waiting 0.2 x Wq (~1.43) + in transit 0.2 x (0.21307 + 0.19370) = 0.08135.
+    staged = 0.2 * wq + 0.2 * (0.21307 + 0.19370)
+    assert d["staged"] == pytest.approx(staged, rel=1e-4)
+    assert 1.5 < staged < 1.55
+    # ceil(1.2 x 1.52) = 2 requests = 80 GiB per worker; 2 workers per 8-GPU node: 160 GiB of 2 TiB.
+    assert d["sized_requests"] == math.ceil(1.2 * staged) == 2
+    assert d["worker_bytes"] == 80 * 2**30 and d["node_bytes"] == 160 * 2**30
+    assert d["node_dram_bytes"] == 2 * 2**40 and d["fits"]
+    assert (d["workers_per_node"], d["decode_nodes"]) == (2, 3)
+    # The load does not fit in a decode step: 193.70 ms / 30.182 ms = 6.42 steps.
+    assert d["load_steps"] == pytest.approx(0.19370 / 0.030182, rel=1e-4)
+    assert d["ttft_s"] == pytest.approx(out["disaggregated"]["ttft_s"] + wq + 0.19370, rel=1e-4)
+
+
+def test_cli_dram_tier_readable_options_and_errors():
+    args = ["--model", "llama-3.1-70b", "--hardware", "h200", "--prompt-tokens", "130048",
+            "--output-tokens", "1024", "--rate", "1.0"]
+    plain = _cli(*args)
+    assert plain.returncode == 0 and "DRAM tier" not in plain.stdout
+    assert "dram_tier" not in json.loads(_cli(*args, "--json").stdout)
+    # Any DRAM option turns the section on: headroom 1.5 -> ceil(1.5 x 1.52) = 3 requests = 120
+    # GiB per worker, 240 GiB per node, over a 200 GiB node; 110 GB/s halves the load: 42.61e9 B / 440e9 B/s = 96.85 ms.
+    p = _cli(*args, "--dram-headroom", "1.5", "--node-dram", "200", "--h2d-bw", "110")
+    assert p.returncode == 0, p.stderr
+    assert "DRAM tier" in p.stdout and "= 3 requests = 120 GiB per worker; 240 GiB per decode node" in p.stdout
+    assert "does NOT fit" in p.stdout and "= 96.9 ms =" in p.stdout
+    bad = _cli(*args, "--h2d-bw", "0")
+    assert bad.returncode == 2 and "--h2d-bw must be > 0" in bad.stderr
+
+
+def test_cli_help_describes_the_planner():
+    p = _cli("--help")
+    assert p.returncode == 0, p.stderr
+    assert "The xP:yD planner: size the prefill and decode pools" in p.stdout
+    assert "--dram-tier" in p.stdout and "issue" not in p.stdout
