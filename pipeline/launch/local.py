@@ -19,7 +19,7 @@ def cpu_slices(n_workers: int, cpu_bind: str) -> list[str | None]:
     ``partition`` splits this process's cores into ``n_workers`` contiguous slices (a worker
     shares a core only when there are more workers than cores); ``auto`` gives None (vLLM picks).
     Two engines unpinned on the same cores fight over them: 8 prompts took ~25 s to decode
-    unpinned against 1.3 s pinned on this 2-core machine kind (shared/DESIGN.md).
+    unpinned against 1.3 s pinned on this 2-core machine kind (measured when the project started).
     """
     if cpu_bind == "auto":
         return [None] * n_workers

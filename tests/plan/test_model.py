@@ -13,7 +13,7 @@ from pipeline.plan.model import MODEL_PRESETS, count_params, load_model
 
 def test_llama_70b_kv_per_token_prompt_and_transfer_match_published_figures():
     m = load_model("llama-3.1-70b")
-    # 2 x 80 layers x 8 KV heads x 128 x 2 bytes = 327,680 B = 320 KiB (DESIGN.md, vLLM docs).
+    # 2 x 80 layers x 8 KV heads x 128 x 2 bytes = 327,680 B = 320 KiB (vLLM docs).
     assert m.kv_bytes_per_token == 327_680 == 320 * 1024
     # 8,192 tokens x 320 KiB = 2,560 MiB = 2.5 GiB.
     nbytes = 8192 * m.kv_bytes_per_token
