@@ -92,6 +92,9 @@ class JobConfig:
     batch_rows: int = 16  # rows a prefill/colocated worker keeps in flight
     checkpoint_rows: int = 4  # finished rows saved together so a restarted owner resumes mid-shard
     too_long: str = "error"  # a prompt longer than the context: "error" row, or "truncate" the text
+    # Input columns named like an output column (a second pass over a run's output) are kept
+    # under this prefix ("input_": input_generation, ...); null: such a clash is refused at start.
+    input_column_prefix: Optional[str] = None
     rag: Optional[RagConfig] = None  # set: rows are questions answered from retrieved passages
 
     def __post_init__(self) -> None:
@@ -270,6 +273,7 @@ class RunConfig:
     progress: bool = True
     report: bool = True  # write RUN_DIR/report (report.json and PNG plots) when a waited-for run ends
     wait: Optional[bool] = None  # wait for the end; null: yes locally, no on Slurm
+    dry_run: bool = False  # check everything and print what would run; start nothing
 
 
 @dataclass
