@@ -18,23 +18,30 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "tools"))
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from tools.benchlib.cli import parser  # noqa: E402
+from tools.benchlib.procs import run_pipeline  # noqa: E402
+from tools.benchlib.results import write_json  # noqa: E402
+from tools.benchlib.stats import median_of  # noqa: E402
+from tools.benchlib.tables import md_table  # noqa: E402
 
 CONFIGS = {"none": ["offload=none"], "dram": ["offload=dram", "offload.dram_gib=4"]}
+MEDIANS = ("tok_s", "summary_tok_s", "ttft_p50_s", "prefill_idle_s", "capacity_wait_s", "prefill_peak_kv",
+           "retried_rows", "decode_generated_tokens", "output_tokens")
 
 
 def prefill_engine(run_dir: Path) -> tuple[float, float]:
     """(seconds the prefill engine had requests waiting but none running -- its KV cache full of
     finished requests' KV that no decode worker has taken yet --, its peak KV cache use 0..1),
     from its per-step metrics."""
-    from pipeline.metrics import read_worker_metrics
+    from pipeline.io.metrics import read_worker_metrics
 
     steps = sorted((r for r in read_worker_metrics(run_dir).to_pylist() if r["role"] == "prefill"),
                    key=lambda r: r["t"])
@@ -44,17 +51,14 @@ def prefill_engine(run_dir: Path) -> tuple[float, float]:
 
 
 def one(work: Path, name: str, args: argparse.Namespace, input_dir: Path, rep: int) -> dict:
-    from pipeline.metrics import read_request_metrics, read_worker_metrics
+    from pipeline.io.metrics import read_request_metrics, read_worker_metrics
 
     run_dir = work / f"{name}-{rep}"
-    cmd = [sys.executable, "-m", "pipeline", "+job=summarize", "model.dtype=float32", "run.progress=false",
-           "model.max_model_len=8192", f"model.decode_kv_blocks={args.decode_blocks}",
-           f"job.sampling.max_new_tokens={args.max_new_tokens}", f"job.input={input_dir}",
-           f"job.output={run_dir / 'out'}", f"run.dir={run_dir / 'run'}", *CONFIGS[name]]
     t0 = time.time()
-    p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
-    if p.returncode != 0:
-        raise SystemExit(f"{name} failed:\n{p.stdout}\n{p.stderr[-3000:]}")
+    run_pipeline(["+job=summarize", "model.dtype=float32", "run.progress=false", "model.max_model_len=8192",
+                  f"model.decode_kv_blocks={args.decode_blocks}", f"job.sampling.max_new_tokens={args.max_new_tokens}",
+                  f"job.input={input_dir}", f"job.output={run_dir / 'out'}", f"run.dir={run_dir / 'run'}",
+                  *CONFIGS[name]], name)
     summary = json.loads((run_dir / "run" / "summary.json").read_text())
     rows = read_request_metrics(run_dir / "run").to_pylist()
     ttft = statistics.median(r["token_times"][0] - r["prefill_start"] for r in rows if r["token_times"])
@@ -71,8 +75,23 @@ def one(work: Path, name: str, args: argparse.Namespace, input_dir: Path, rep: i
             "output_tokens": out_tokens, "errors": summary.get("errors")}
 
 
+def table(results: list[dict]) -> str:
+    """One row per configuration, medians over repeats."""
+    rows = []
+    for name in CONFIGS:
+        rs = [r for r in results if r["config"] == name]
+        med = {k: median_of(rs, k) for k in MEDIANS}
+        rows.append([name, f"{med['tok_s']:.2f}", f"{med['summary_tok_s']:.2f}", f"{med['ttft_p50_s']:.1f}",
+                     f"{med['prefill_idle_s']:.1f}", f"{med['capacity_wait_s']:.1f}", f"{med['prefill_peak_kv']:.2f}",
+                     f"{med['retried_rows']:g}", f"{med['decode_generated_tokens']:g} / {med['output_tokens']:g}"])
+    return md_table(["offload", "output tok/s (first prefill -> last token)",
+                     "output tok/s (run summary, with start-up)", "TTFT p50 s", "prefill idle waiting for decode, s",
+                     "of which DRAM-slot waits, s", "prefill peak KV use", "rows retried",
+                     "decode generated / output tokens"], rows)
+
+
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = parser(__doc__)
     ap.add_argument("--rows", type=int, default=8)
     ap.add_argument("--min-tokens", type=int, default=4000)
     ap.add_argument("--max-tokens", type=int, default=7000)
@@ -81,10 +100,9 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=1)
     ap.add_argument("--work", type=Path, default=Path("/tmp/pd-bench-dram"))
     args = ap.parse_args()
-    from long_prompts import write_long_prompts
-
     from pipeline.config import compose
-    from pipeline.roles.engine import load_tokenizer
+    from pipeline.engine.model import load_tokenizer
+    from tools.long_prompts import write_long_prompts
 
     input_dir = args.work / "input"
     write_long_prompts(input_dir, load_tokenizer(compose(["+job=summarize"])), args.rows, 1,
@@ -95,19 +113,8 @@ def main() -> None:
             r = one(args.work, name, args, input_dir, rep)
             print(json.dumps(r), flush=True)
             results.append(r)
-    (args.work / "results.json").write_text(json.dumps(results, indent=1))
-    print("\n| offload | output tok/s (first prefill -> last token) | output tok/s (run summary, with start-up) "
-          "| TTFT p50 s | prefill idle waiting for decode, s | of which DRAM-slot waits, s | prefill peak KV use "
-          "| rows retried | decode generated / output tokens |")
-    print("|---|---|---|---|---|---|---|---|---|")
-    for name in CONFIGS:
-        rs = [r for r in results if r["config"] == name]
-        med = {k: statistics.median(r[k] for r in rs)
-               for k in ("tok_s", "summary_tok_s", "ttft_p50_s", "prefill_idle_s", "capacity_wait_s",
-                         "prefill_peak_kv", "retried_rows", "decode_generated_tokens", "output_tokens")}
-        print(f"| {name} | {med['tok_s']:.2f} | {med['summary_tok_s']:.2f} | {med['ttft_p50_s']:.1f} "
-              f"| {med['prefill_idle_s']:.1f} | {med['capacity_wait_s']:.1f} | {med['prefill_peak_kv']:.2f} "
-              f"| {med['retried_rows']:g} | {med['decode_generated_tokens']:g} / {med['output_tokens']:g} |")
+    write_json(args.work / "results.json", results)
+    print("\n" + table(results))
 
 
 if __name__ == "__main__":

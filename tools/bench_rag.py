@@ -15,9 +15,6 @@ tokens looked up in each engine's local prefix cache and tokens found (hits), pe
 
 from __future__ import annotations
 
-import argparse
-import json
-import subprocess
 import sys
 import tempfile
 import time
@@ -27,9 +24,14 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
 
-from pipeline.metrics import read_worker_metrics  # noqa: E402
+from pipeline.io.metrics import read_worker_metrics  # noqa: E402
+from tools.benchlib.cli import parser  # noqa: E402
+from tools.benchlib.procs import run_pipeline  # noqa: E402
+from tools.benchlib.results import write_json  # noqa: E402
+from tools.benchlib.tables import md_table  # noqa: E402
 
 PHRASINGS = ["{q}", "Briefly: {q}", "In one sentence, {q}", "Please answer: {q}"]
 
@@ -45,14 +47,9 @@ def workload(path: Path, variants: int) -> int:
 def run(base: Path, routing: bool, input_path: Path, max_new_tokens: int) -> dict:
     run_dir = base / f"routing-{'on' if routing else 'off'}"
     t0 = time.monotonic()
-    p = subprocess.run(
-        [sys.executable, "-m", "pipeline", "+job=rag", "pools=disaggregated", "pools.decode=2",
-         f"job.input={input_path}", f"job.rag.prefix_routing={str(routing).lower()}",
-         f"job.sampling.max_new_tokens={max_new_tokens}", "run.progress=false",
-         f"run.dir={run_dir}", f"job.output={run_dir / 'out'}"],
-        cwd=ROOT, capture_output=True, text=True)
-    if p.returncode != 0:
-        raise SystemExit(f"run failed:\n{p.stderr[-3000:]}")
+    run_pipeline(["+job=rag", "pools=disaggregated", "pools.decode=2", f"job.input={input_path}",
+                  f"job.rag.prefix_routing={str(routing).lower()}", f"job.sampling.max_new_tokens={max_new_tokens}",
+                  "run.progress=false", f"run.dir={run_dir}", f"job.output={run_dir / 'out'}"], "run")
     w = read_worker_metrics(run_dir).to_pylist()
     out: dict = {"routing": routing, "wall_s": time.monotonic() - t0}
     for role in ("prefill", "decode"):
@@ -63,8 +60,17 @@ def run(base: Path, routing: bool, input_path: Path, max_new_tokens: int) -> dic
     return out
 
 
+def table(results: list[dict]) -> str:
+    """One row per routing setting."""
+    return md_table(["prefix routing", "decode prefix-cache hit rate", "decode hits / lookups (tokens)",
+                     "prefill hit rate", "wall s"],
+                    [["on" if r["routing"] else "off", f"{r['decode_hit_rate']:.3f}",
+                      f"{r['decode_hits_tokens']} / {r['decode_queries_tokens']}", f"{r['prefill_hit_rate']:.3f}",
+                      f"{r['wall_s']:.0f}"] for r in results])
+
+
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = parser(__doc__)
     ap.add_argument("--variants", type=int, default=3, choices=range(1, len(PHRASINGS) + 1))
     ap.add_argument("--max-new-tokens", type=int, default=8)
     ap.add_argument("--json", type=Path)
@@ -74,13 +80,9 @@ def main() -> int:
         n = workload(base / "questions.parquet", a.variants)
         results = [run(base, r, base / "questions.parquet", a.max_new_tokens) for r in (False, True)]
     print(f"{n} questions ({a.variants} phrasings each), 1 prefill + 2 decode workers\n")
-    print("| prefix routing | decode prefix-cache hit rate | decode hits / lookups (tokens) | prefill hit rate | wall s |")
-    print("|---|---|---|---|---|")
-    for r in results:
-        print(f"| {'on' if r['routing'] else 'off'} | {r['decode_hit_rate']:.3f} | {r['decode_hits_tokens']} / "
-              f"{r['decode_queries_tokens']} | {r['prefill_hit_rate']:.3f} | {r['wall_s']:.0f} |")
+    print(table(results))
     if a.json:
-        a.json.write_text(json.dumps(results, indent=1))
+        write_json(a.json, results)
     return 0
 
 

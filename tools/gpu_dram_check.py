@@ -18,42 +18,39 @@ a check fails.
 """
 from __future__ import annotations
 
-import argparse
 import json
-import subprocess
 import sys
 from pathlib import Path
 
 import pyarrow.parquet as pq
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "tools"))
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from tools.benchlib.cli import parser  # noqa: E402
+from tools.benchlib.procs import run_pipeline  # noqa: E402
 
 
 def run(work: Path, name: str, input_dir: Path, *overrides: str) -> Path:
     run_dir = work / name
-    cmd = [sys.executable, "-m", "pipeline", "+job=summarize", "model.dtype=float32", "run.progress=false",
-           "model.max_model_len=8192", "model.gpu_memory_utilization=0.3", "job.sampling.max_new_tokens=128",
-           f"job.input={input_dir}", f"job.output={run_dir / 'out'}", f"run.dir={run_dir / 'run'}", *overrides]
-    p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
+    p = run_pipeline(["+job=summarize", "model.dtype=float32", "run.progress=false", "model.max_model_len=8192",
+                      "model.gpu_memory_utilization=0.3", "job.sampling.max_new_tokens=128", f"job.input={input_dir}",
+                      f"job.output={run_dir / 'out'}", f"run.dir={run_dir / 'run'}", *overrides], name)
     print(p.stdout[-2000:], file=sys.stderr)
-    if p.returncode != 0:
-        raise SystemExit(f"{name} failed:\n{p.stderr[-4000:]}")
     return run_dir
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = parser(__doc__)
     ap.add_argument("--work", type=Path, default=Path("/tmp/pd-gpu-dram"))
     ap.add_argument("--rows", type=int, default=8)
     ap.add_argument("--decode-blocks", type=int, default=65)
     args = ap.parse_args()
-    from long_prompts import write_long_prompts
-
     from pipeline.config import compose
-    from pipeline.metrics import read_request_metrics, read_worker_metrics
-    from pipeline.roles.engine import kv_bytes_per_token, load_tokenizer
+    from pipeline.engine.model import load_tokenizer, model_kv_bytes_per_token
+    from pipeline.io.metrics import read_request_metrics, read_worker_metrics
+    from tools.long_prompts import write_long_prompts
 
     cfg = compose(["+job=summarize", "model.dtype=float32"])
     input_dir = args.work / "input"
@@ -72,7 +69,7 @@ def main() -> None:
     held = [h for s in prefill for h in (s["kv_held_s"] or ())]
     xfer = [t for s in prefill for t in (s["kv_transfer_s"] or ())]
     moved = sorted(b for s in prefill for b in (s["kv_transfer_bytes"] or ()))
-    per_token = kv_bytes_per_token(cfg)
+    per_token = model_kv_bytes_per_token(cfg)
     checks = {
         "no_errors": all(r["error"] is None for r in got),
         "output_equals_colocated": [r["generation_token_ids"] for r in got] == [r["generation_token_ids"] for r in want],

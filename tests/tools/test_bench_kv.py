@@ -3,26 +3,13 @@
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-
-ROOT = Path(__file__).resolve().parents[1]
-
-
-def _bench():
-    spec = importlib.util.spec_from_file_location("bench_kv", ROOT / "tools" / "bench_kv.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault("bench_kv", module)  # dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
+from tools.bench_kv import parse_setting, run_pair
 
 
 def test_nixl_transfer_moves_the_bytes():
-    bench = _bench()
     one_mib = 1 << 20
     cells = [("WRITE", "whole", one_mib), ("READ", "whole", one_mib), ("WRITE", "16", one_mib)]
-    result = bench.run_pair(bench.parse_setting("default"), cells, repeats=1, timeout=60, digest_before=True)
+    result = run_pair(parse_setting("default"), cells, repeats=1, timeout=60, digest_before=True)
 
     assert result["metadata_bytes"] > 0
     assert [c["op"] for c in result["cells"]] == ["WRITE", "READ", "WRITE"]

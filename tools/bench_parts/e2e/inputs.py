@@ -1,0 +1,99 @@
+"""The inputs of ``tools/bench.py``: Parquet shards built from CPython standard-library
+docstrings (PSF License), a uniform short workload and a mixed one with long rows."""
+
+from __future__ import annotations
+
+import ast
+import importlib.util
+import sys
+from pathlib import Path
+from typing import Any
+
+from tools.make_sample_data import clip
+
+SHORT_MIN_CHARS, SHORT_MAX_CHARS = 600, 1200
+
+
+def _stdlib_docstrings() -> list[tuple[str, str]]:
+    """(module, docstring) of standard-library modules, read with ``ast`` from their source files
+    (nothing is imported), sorted by name."""
+    out = []
+    for name in sorted(sys.stdlib_module_names):
+        if name.startswith("_") or name in {"this", "antigravity"}:
+            continue
+        try:
+            spec = importlib.util.find_spec(name)
+        except (ImportError, ValueError):
+            continue
+        origin = getattr(spec, "origin", None) if spec else None
+        if not origin or not origin.endswith(".py"):
+            continue
+        try:
+            doc = ast.get_docstring(ast.parse(Path(origin).read_text(encoding="utf-8")))
+        except (OSError, SyntaxError, UnicodeDecodeError, ValueError):
+            continue
+        if doc and len(doc.strip()) >= SHORT_MIN_CHARS:
+            out.append((name, doc.strip()))
+    return out
+
+
+def build_workloads(work: Path, rows: int, shards: int, long_frac: float, long_tokens: int,
+                    max_model_len: int, max_new_tokens: int, tokenizer: Any) -> dict[str, dict]:
+    """Write ``work/inputs/{uniform,mixed}/shard-NNNNN.parquet`` (``rows`` rows over ``shards``
+    shards; columns ``id``, ``module``, ``kind`` (short/long), ``text``) and return per workload
+    its directory and prompt-size facts.
+
+    Short rows: distinct module docstrings clipped to <= 1200 characters (~150-350 tokens), at
+    a paragraph boundary as tools/make_sample_data.py clips its documents.
+    Mixed: in each shard every ``1/long_frac``-th row (from row 1) is long: several full
+    docstrings concatenated, starting at a different module for each long row (no shared
+    prefix), cut to a length spread over [0.8, 1.2] x ``long_tokens`` tokens and capped so that
+    prompt + ``max_new_tokens`` fits ``max_model_len``.
+    """
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    docs = _stdlib_docstrings()
+    short = [(m, c) for m, c in ((m, clip(d, SHORT_MAX_CHARS)) for m, d in docs) if len(c) >= 400]
+    if len(short) < rows:
+        raise SystemExit(f"only {len(short)} distinct short documents; use --rows <= {len(short)}")
+    per = [rows // shards + (1 if i < rows % shards else 0) for i in range(shards)]
+    every = max(1, round(1 / long_frac)) if long_frac > 0 else 0
+    n_long = sum(sum(1 for r in range(n) if every and r % every == 1 % every) for n in per)
+    cap = max_model_len - max_new_tokens - 64  # room for the template and the output
+    full = [d for _, d in sorted(docs, key=lambda x: -len(x[1]))]
+    longs = []
+    for j in range(n_long):
+        target = int(long_tokens * (0.8 + (0.4 * j / (n_long - 1) if n_long > 1 else 0.2)))
+        target = min(target, cap)
+        parts, k = [], j * 7
+        while True:
+            parts.append(full[k % len(full)])
+            k += 1
+            ids = tokenizer("\n\n".join(parts), add_special_tokens=False)["input_ids"]
+            if len(ids) >= target:
+                break
+        longs.append((f"long{j}", tokenizer.decode(ids[:target])))
+    out = {}
+    for wl in ("uniform", "mixed"):
+        d = work / "inputs" / wl
+        d.mkdir(parents=True, exist_ok=True)
+        si, li = 0, 0
+        for s, n in enumerate(per):
+            recs = []
+            for r in range(n):
+                if wl == "mixed" and every and r % every == 1 % every:
+                    m, t = longs[li]
+                    li += 1
+                    kind = "long"
+                else:
+                    m, t = short[si]
+                    si += 1
+                    kind = "short"
+                recs.append({"id": f"{wl}-{s}-{r}", "module": m, "kind": kind, "text": t})
+            pq.write_table(pa.Table.from_pylist(recs), d / f"shard-{s:05d}.parquet")
+        toks = [len(tokenizer(t, add_special_tokens=False)["input_ids"])
+                for p in sorted(d.glob("*.parquet")) for t in pq.read_table(p).column("text").to_pylist()]
+        out[wl] = {"dir": str(d), "rows": rows, "shards": shards, "text_tokens": toks,
+                   "long_rows": li, "text_tokens_total": sum(toks)}
+    return out
