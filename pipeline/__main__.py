@@ -1,4 +1,7 @@
-"""``python -m pipeline +job=NAME [key=value ...]``: run a job with Hydra overrides."""
+"""``python -m pipeline +job=NAME [key=value ...] [--dry-run]``: run a job with Hydra overrides.
+
+``--dry-run`` (the same as ``run.dry_run=true``) runs every check made at start
+(:mod:`pipeline.preflight`), prints what would run and exits 0 without starting anything."""
 
 from __future__ import annotations
 
@@ -14,8 +17,11 @@ def _interrupt(signum, frame) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Exit status: 0 done, 1 a worker or shard failed, 2 bad configuration or input."""
-    argv = sys.argv[1:] if argv is None else argv
+    """Exit status: 0 done (or a dry run checked), 1 a worker or shard failed, 2 bad
+    configuration or input (one line ``error: ...``)."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if "--dry-run" in argv:
+        argv = [a for a in argv if a != "--dry-run"] + ["run.dry_run=true"]
     # A SIGTERM (scheduler, `timeout`, `kill`) takes the same path as Ctrl-C, which cancels the
     # workers; otherwise they would outlive the launcher.
     signal.signal(signal.SIGTERM, _interrupt)
@@ -24,6 +30,9 @@ def main(argv: list[str] | None = None) -> int:
         from pipeline.run import start_job
 
         handle = start_job(cfg)
+        if cfg.run.dry_run:
+            print(handle.plan.describe())
+            return 0
         wait = cfg.run.wait if cfg.run.wait is not None else cfg.cluster.launcher == "local"
         if handle.nothing_to_do:
             print(f"nothing to do: all {handle.n_shards} shards are already done in {handle.run_dir}")

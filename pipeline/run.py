@@ -2,15 +2,14 @@
 
 from __future__ import annotations
 
-import datetime as dt
 import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from pipeline.config import Config, ConfigError
-from pipeline.io.shards import list_shards
+from pipeline.config import Config
 from pipeline.io.atomic import write_json
+from pipeline.preflight import Plan, preflight
 from pipeline.runtime.rundir import RunDir
 from pipeline.launch.watch import Jobs, watch
 
@@ -52,20 +51,16 @@ def _latency_line(r: dict) -> str:
             f"p99 {ms('itl_p99_s')}, max {ms('itl_max_s')} | stalls > {1000 * r['stall_threshold_s']:.0f} ms: {r['stalls']}")
 
 
-def new_run_dir(cfg: Config) -> Path:
-    if cfg.run.dir:
-        return Path(cfg.run.dir)
-    stamp = dt.datetime.now().strftime("%Y-%m-%d_%H-%M-%S-%f")
-    return Path(cfg.run.root) / cfg.job.name / stamp
-
-
 class RunHandle:
     """A launched run. ``status()`` reads the run directory (cheap, any time); ``wait()`` follows
-    the run to its end; ``result()`` opens the output shards as a pyarrow dataset."""
+    the run to its end; ``result()`` opens the output shards as a pyarrow dataset. ``plan``: what
+    the preflight checked (:class:`pipeline.preflight.Plan`); with ``run.dry_run`` nothing was
+    launched and the run directory was not created (``plan.describe()`` says what would run)."""
 
-    def __init__(self, cfg: Config, run: RunDir, jobs: Jobs, output: str, n_shards: int, total_rows: int):
+    def __init__(self, cfg: Config, run: RunDir, jobs: Jobs, output: str, n_shards: int, total_rows: int,
+                 plan: Plan | None = None):
         self.cfg, self.run, self.jobs, self.output = cfg, run, jobs, output
-        self.n_shards, self.total_rows = n_shards, total_rows
+        self.n_shards, self.total_rows, self.plan = n_shards, total_rows, plan
         self.started = time.monotonic()
         self._summary: Summary | None = None
 
@@ -105,33 +100,35 @@ class RunHandle:
         return self._summary
 
     def result(self):
-        """The output shards as a ``pyarrow.dataset.Dataset`` (waits for the run first)."""
-        import pyarrow.dataset as ds
+        """The output shards as one ``pyarrow.dataset.Dataset`` (waits for the run first): every
+        shard's rows, under the union of the shards' schemas (:func:`pipeline.io.shards.read_output`)."""
+        from pipeline.io.shards import read_output
 
         self.wait()
-        return ds.dataset(self.output, format="parquet")
+        return read_output(self.output)
 
 
 def start_job(cfg: Config) -> RunHandle:
-    """Create the run directory and launch the workers of ``cfg``; returns without waiting.
+    """Check ``cfg`` (:func:`pipeline.preflight.preflight`), then create the run directory and
+    launch the workers; returns without waiting. With ``run.dry_run`` only the checks run: the
+    handle launched nothing (its ``plan`` says what would run).
 
     Raises:
-        FileNotFoundError: ``job.input`` holds no Parquet shards.
+        pipeline.config.ConfigError: a check failed (one line naming the setting); nothing was
+            created or started.
     """
     from pipeline.engine.model import model_path
 
-    shards = list_shards(cfg.job.input)
-    total_rows = sum(_num_rows(s.url) for s in shards)
-    run = RunDir(new_run_dir(cfg))
-    output = cfg.job.output or str(run.path / "output")
-    try:
-        run.create(cfg, shards, output, total_rows)
-    except ValueError as exc:
-        raise ConfigError(str(exc)) from None
+    plan = preflight(cfg)
+    shards, output, total_rows = plan.shards, plan.output, plan.total_rows
+    run = RunDir(plan.run_dir)
+    if cfg.run.dry_run:
+        return RunHandle(cfg, run, Jobs(), output, len(shards), total_rows, plan)
+    run.create(cfg, shards, output, total_rows)
     done = run.done()
     if all(s.name in done for s in shards):
         # Re-running a finished job launches nothing.
-        return RunHandle(cfg, run, Jobs(), output, len(shards), total_rows)
+        return RunHandle(cfg, run, Jobs(), output, len(shards), total_rows, plan)
     model_path(cfg)  # convert the bundled model once, before workers start
     if cfg.cluster.launcher == "local":
         from pipeline.launch.local import launch_local
@@ -143,7 +140,7 @@ def start_job(cfg: Config) -> RunHandle:
         jobs = launch_slurm(cfg, run, len(shards))
     write_json(run.path / "jobs.json", {"array_tasks": [j.job_id for j in jobs.array_tasks],
                                         "decode": [j.job_id for j in jobs.decode]})
-    return RunHandle(cfg, run, jobs, output, len(shards), total_rows)
+    return RunHandle(cfg, run, jobs, output, len(shards), total_rows, plan)
 
 
 def _report(run: RunDir) -> dict | None:
@@ -171,17 +168,3 @@ def summarize(run: RunDir, output: str, n_shards: int, wall_s: float) -> Summary
     )
     write_json(run.path / "summary.json", {**asdict(summary), "output_tokens_per_s": summary.output_tokens_per_s})
     return summary
-
-
-def _num_rows(url: str) -> int:
-    """Rows in a shard's footer, for the progress bar; 0 for a shard that cannot be read (its
-    owner reports it as a failed shard)."""
-    import fsspec
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    try:
-        with fsspec.open(url, "rb") as f:
-            return pq.ParquetFile(f).metadata.num_rows
-    except (OSError, pa.ArrowException):
-        return 0

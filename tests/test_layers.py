@@ -16,7 +16,7 @@ LAYERS = {
     "config": 0, "io": 1, "model": 1, "runtime": 2, "wire": 3, "engine": 4, "rag": 5, "roles": 6,
     "launch": 7,
     # entry points: the run report is written by run at the end of a run
-    "report": 8, "run": 8, "api": 9, "__main__": 9, "status": 9, "plan": 9, "__init__": 10,
+    "report": 8, "preflight": 8, "run": 8, "api": 9, "__main__": 9, "status": 9, "plan": 9, "__init__": 10,
 }
 
 

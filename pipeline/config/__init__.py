@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
-from omegaconf import OmegaConf
+from omegaconf import DictConfig, OmegaConf
 
 from pipeline.config.schema import (
     ClusterConfig, Config, JobConfig, ModelConfig, PoolsConfig, RagConfig, RunConfig, SamplingConfig,
@@ -49,13 +50,38 @@ def _one_line(exc: BaseException) -> str:
     return first
 
 
+def _unknown_key(node: DictConfig, prefix: str = "") -> str | None:
+    """The first key of ``node`` (recursively) that its schema dataclass does not have, as
+    OmegaConf words it for a plain ``key=value``; None when every key is known.
+
+    Hydra adds a ``+key=value`` with the struct flag lifted, and ``OmegaConf.to_object`` then
+    drops keys that are not dataclass fields without a word: ``+model.bogus=1`` or
+    ``+job.sampling.stop=[x]`` would be accepted and ignored. Free-form fields (``dict`` types
+    such as ``cluster.additional_parameters``) take any key.
+    """
+    cls = OmegaConf.get_type(node)
+    if not dataclasses.is_dataclass(cls):
+        return None
+    names = {f.name for f in dataclasses.fields(cls)}
+    for key in node.keys():
+        if key not in names:
+            return f"{prefix}{key}: Key '{key}' not in '{cls.__name__}'"
+        child = node._get_node(key)
+        if isinstance(child, DictConfig) and not (child._is_none() or child._is_missing()
+                                                  or child._is_interpolation()):
+            found = _unknown_key(child, f"{prefix}{key}.")
+            if found:
+                return found
+    return None
+
+
 def compose(overrides: list[str] | tuple[str, ...] = ()) -> Config:
     """Compose ``conf/config.yaml`` with Hydra overrides (``+job=summarize``, ``pools=colocated``,
     ``job.input=PATH`` ...) and return the validated, typed :class:`Config`.
 
     Raises:
-        ConfigError: an unknown group option, unknown key, wrong type or out-of-range value; the
-            message is one line and names the key.
+        ConfigError: an unknown group option, unknown key (``key=value`` and ``+key=value``
+            alike), wrong type or out-of-range value; the message is one line and names the key.
     """
     from hydra import compose as hydra_compose, initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
@@ -68,7 +94,12 @@ def compose(overrides: list[str] | tuple[str, ...] = ()) -> Config:
     try:
         with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
             cfg = hydra_compose(config_name="config", overrides=overrides)
+        unknown = _unknown_key(cfg)
+        if unknown:
+            raise ConfigError(unknown)
         obj = OmegaConf.to_object(cfg)
+    except ConfigError:
+        raise
     except Exception as exc:  # hydra/omegaconf raise many types; all are config errors here
         raise ConfigError(_one_line(exc)) from exc
     finally:

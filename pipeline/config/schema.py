@@ -67,8 +67,7 @@ class RagConfig:
         _check(self.chunk_size >= 1 and 0 <= self.overlap < self.chunk_size, "job.rag.overlap",
                f"needs chunk_size >= 1 and 0 <= overlap < chunk_size, got {self.chunk_size}/{self.overlap}")
         _check(self.retrieve_batch >= 1, "job.rag.retrieve_batch", f"must be >= 1, got {self.retrieve_batch}")
-        for slot in ("{question}", "{passages}"):
-            _check(self.template is None or slot in self.template, "job.rag.template", f"must contain {slot}")
+        # template: checked at start by pipeline.preflight (string.Formatter: {passages}, {question})
 
 
 @dataclass
@@ -77,8 +76,9 @@ class JobConfig:
 
     ``input`` is a directory, a glob or a single file of Parquet shards reachable through fsspec
     (local path, ``file://``, ``s3://``, ``gs://`` ...). ``output`` defaults to ``RUN_DIR/output``.
-    ``prompt_template`` is a Python format string with ``{text}``; it becomes the user turn of the
-    model's chat template (after ``system_prompt`` when set).
+    ``prompt_template`` is a Python format string with ``{text}`` (as often as wanted; literal
+    braces are ``{{`` and ``}}``); it becomes the user turn of the model's chat template (after
+    ``system_prompt`` when set, which takes no placeholder).
     """
 
     name: str = MISSING
@@ -98,7 +98,7 @@ class JobConfig:
     rag: Optional[RagConfig] = None  # set: rows are questions answered from retrieved passages
 
     def __post_init__(self) -> None:
-        _check("{text}" in self.prompt_template, "job.prompt_template", "must contain {text}")
+        # prompt_template / system_prompt: checked at start by pipeline.preflight (string.Formatter)
         _check(self.batch_rows >= 1, "job.batch_rows", f"must be >= 1, got {self.batch_rows}")
         _check(self.too_long in ("error", "truncate"), "job.too_long", f"must be error or truncate, got {self.too_long!r}")
         _check(self.checkpoint_rows >= 1, "job.checkpoint_rows", f"must be >= 1, got {self.checkpoint_rows}")

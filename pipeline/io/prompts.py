@@ -3,6 +3,8 @@ template, tokenize, and turn unusable rows into error messages instead of reques
 
 from __future__ import annotations
 
+import string
+from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,41 +34,105 @@ class Prompt:
     passage_scores: list[float] | None = None
 
 
+def parse_template(template: str, key: str, slots: Collection[str] = (),
+                   required: Collection[str] = ()) -> list[tuple[str, str | None]]:
+    """``template`` read the way ``str.format`` reads it (``string.Formatter().parse``): a list of
+    (literal text, placeholder name or None), ``{{`` and ``}}`` already turned into ``{`` and
+    ``}``. Only the placeholders ``slots`` are allowed, each written plainly (``{text}``: no
+    conversion, no format spec) and as often as wanted; every name in ``required`` must appear.
+
+    Raises:
+        ValueError: one line starting with ``key``: an unknown placeholder, a placeholder with a
+            conversion or format spec, a single ``{`` or ``}`` (literal braces are written
+            ``{{`` and ``}}``), or a required placeholder missing.
+    """
+    known = ", ".join(f"{{{s}}}" for s in slots) or "none"
+    hint = "write a literal brace as {{ or }}"
+    try:
+        parts = list(string.Formatter().parse(template))
+    except ValueError as exc:
+        raise ValueError(f"{key}: {exc}; {hint}") from None
+    out: list[tuple[str, str | None]] = []
+    for literal, name, spec, conversion in parts:
+        if name is None:
+            out.append((literal, None))
+            continue
+        written = "{" + name + (f"!{conversion}" if conversion else "") + (f":{spec}" if spec else "") + "}"
+        if name not in slots:
+            raise ValueError(f"{key}: unknown placeholder {written} (known: {known}); {hint}")
+        if conversion or spec:
+            raise ValueError(f"{key}: placeholder {written} has a conversion or format spec; "
+                             f"write it as {{{name}}} ({hint})")
+        out.append((literal, name))
+    names = {name for _, name in out}
+    for name in required:
+        if name not in names:
+            raise ValueError(f"{key}: must contain {{{name}}}, or what it stands for never reaches the model")
+    return out
+
+
+def fill_template(parts: list[tuple[str, str | None]], values: dict[str, str]) -> str:
+    """The text of a :func:`parse_template` result with each placeholder replaced by its value
+    wherever it appears; values are inserted as they are (braces in them stay)."""
+    return "".join(literal + (values[name] if name else "") for literal, name in parts)
+
+
 class Renderer:
     """Token ids for a row's text: the job's prompt template and the model's chat template (with
     the assistant turn opened) around it.
 
-    The template is tokenized with its special tokens; the row's text is tokenized with
-    ``split_special_tokens``, so a document that contains ``<|im_start|>`` or similar cannot
-    open a turn of its own: it reads as plain text.
+    ``job.prompt_template`` is read like ``str.format`` (:func:`parse_template`: ``{{``/``}}``
+    are literal braces, ``{text}`` the only placeholder) and the row's text goes into every
+    ``{text}`` slot; ``job.system_prompt`` takes no placeholder. The template is tokenized with
+    its special tokens; the row's text is tokenized with ``split_special_tokens``, so a document
+    that contains ``<|im_start|>`` or similar cannot open a turn of its own: it reads as plain
+    text.
+
+    ``pieces``: the template's token ids around and between the ``slots`` text slots;
+    ``before`` is the first piece and ``after`` the rest joined, so ``len(before) + len(after)``
+    is the prompt's size without the text.
+
+    Raises:
+        ValueError: a bad template (see :func:`parse_template`), naming its setting.
     """
 
     def __init__(self, job: JobConfig, tokenizer: Any):
         self.tokenizer = tokenizer
-        user = job.prompt_template.replace("{text}", _SLOT)
+        user = fill_template(parse_template(job.prompt_template, "job.prompt_template", ("text",), ("text",)),
+                             {"text": _SLOT})
         messages = [{"role": "user", "content": user}]
         if job.system_prompt:
-            messages.insert(0, {"role": "system", "content": job.system_prompt})
+            system = fill_template(parse_template(job.system_prompt, "job.system_prompt"), {})
+            messages.insert(0, {"role": "system", "content": system})
         if getattr(tokenizer, "chat_template", None):
             rendered = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
             special = False
         else:
             rendered, special = user, True
-        before, after = rendered.split(_SLOT)
-        self.before = self._ids(before, add_special_tokens=special) if before else []
-        self.after = self._ids(after) if after else []
+        texts = rendered.split(_SLOT)
+        self.slots = len(texts) - 1
+        self.pieces = [self._ids(t, add_special_tokens=special and i == 0) if t else []
+                       for i, t in enumerate(texts)]
+        self.before = self.pieces[0]
+        self.after = [t for piece in self.pieces[1:] for t in piece]
 
     def _ids(self, text: str, **kw) -> list[int]:
         kw.setdefault("add_special_tokens", False)
         return list(self.tokenizer(text, **kw)["input_ids"])
 
     def __call__(self, text: str, max_text_tokens: int | None = None) -> tuple[list[int], bool]:
-        """(token ids, whether the text was cut to ``max_text_tokens`` tokens)."""
+        """(token ids, whether the text was cut): the text in every slot. ``max_text_tokens``
+        is the text's budget for the whole prompt, shared by its slots: each copy is cut to
+        ``max_text_tokens // slots`` tokens."""
         body = self._ids(text, split_special_tokens=True)
-        cut = max_text_tokens is not None and len(body) > max_text_tokens
+        each = None if max_text_tokens is None else max(0, max_text_tokens) // max(1, self.slots)
+        cut = each is not None and len(body) > each
         if cut:
-            body = body[:max(0, max_text_tokens)]
-        return self.before + body + self.after, cut
+            body = body[:each]
+        ids = list(self.pieces[0])
+        for piece in self.pieces[1:]:
+            ids += body + piece
+        return ids, cut
 
 
 def as_text(value: Any, column: str) -> tuple[str | None, str | None]:
@@ -86,29 +152,41 @@ def as_text(value: Any, column: str) -> tuple[str | None, str | None]:
 
 
 def make_prompts(texts: list[Any], keys: list[str], job: JobConfig, tokenizer: Any,
-                 max_model_len: int, ids: list[Any] | None = None) -> list[Prompt]:
-    """One :class:`Prompt` per row, in order.
+                 max_model_len: int, ids: list[Any] | None = None, first_row: int = 0,
+                 row_errors: dict[int, str] | None = None) -> list[Prompt]:
+    """One :class:`Prompt` per row, in order; rows are numbered from ``first_row``.
 
-    Error rows, each with the reason: null, empty or non-string text; bytes that are not UTF-8;
-    an id seen earlier in the shard (``ids``); a prompt that leaves no room for one output token
-    within ``max_model_len`` tokens, unless ``job.too_long == "truncate"``, which cuts the text to
-    fit and sets ``truncated``.
+    Error rows, each with the reason: ``row_errors`` (row -> why, decided by the caller, such as
+    a duplicate id); null, empty or non-string text; bytes that are not UTF-8; an id seen earlier
+    in ``ids``; a prompt that leaves no room for one output token within ``max_model_len``
+    tokens, unless ``job.too_long == "truncate"``, which cuts the text so that the prompt (chat
+    template included) leaves room for ``job.sampling.max_new_tokens`` tokens, and sets
+    ``truncated``.
     """
     render = Renderer(job, tokenizer)
-    budget = max_model_len - 1 - len(render.before) - len(render.after)
+    max_new = job.sampling.max_new_tokens
+    budget = max_model_len - max_new - len(render.before) - len(render.after)
     first_seen: dict[Any, int] = {}
     out = []
-    for row, (value, key) in enumerate(zip(texts, keys)):
+    for i, (value, key) in enumerate(zip(texts, keys)):
+        row = first_row + i
         p = Prompt(row=row, row_key=key)
         out.append(p)
+        if row_errors and row in row_errors:
+            p.error = row_errors[row]
+            continue
         if ids is not None:
-            rid = ids[row]
+            rid = ids[i]
             if rid in first_seen:
                 p.error = f"duplicate id {rid!r} (first at row {first_seen[rid]})"
                 continue
             first_seen[rid] = row
         text, p.error = as_text(value, job.text_column)
         if p.error:
+            continue
+        if job.too_long == "truncate" and budget < 1:
+            p.error = (f"job.sampling.max_new_tokens={max_new} leaves no room for the text: the prompt "
+                       f"template takes {max_model_len - max_new - budget} of model.max_model_len={max_model_len} tokens")
             continue
         token_ids, p.truncated = render(text, budget if job.too_long == "truncate" else None)
         if len(token_ids) >= max_model_len:

@@ -10,11 +10,11 @@
 from __future__ import annotations
 
 import os
-import re
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import NamedTuple
 
+from pipeline.io.prompts import fill_template, parse_template
 from pipeline.model.resolve import cache_dir
 from pipeline.rag.corpus import check_chunking, load_passages
 from pipeline.rag.embed import DEFAULT_MODEL, Encoder
@@ -28,7 +28,7 @@ DEFAULT_TEMPLATE = (
     "Question: {question}\n"
     "Answer:"
 )
-_SLOTS = re.compile(r"\{(question|passages)\}")
+TEMPLATE_SLOTS = ("passages", "question")  # the placeholders of job.rag.template
 
 
 class Hit(NamedTuple):
@@ -128,16 +128,14 @@ def format_passages(passages: list[str]) -> str:
 
 
 def build_prompt(question: str, passages: list[str], template: str = DEFAULT_TEMPLATE) -> str:
-    """The RAG prompt: ``template`` with ``{question}`` and ``{passages}`` (the passages numbered
-    ``[1]``, ``[2]``, ... by :func:`format_passages`) filled in. Only those two slots are
-    replaced, in one pass, so braces elsewhere in the template and slot names inside the
-    question or passages are left as they are.
+    """The RAG prompt: ``template`` read like ``str.format`` (``{{`` and ``}}`` are literal
+    braces) with ``{question}`` and ``{passages}`` (the passages numbered ``[1]``, ``[2]``, ... by
+    :func:`format_passages`) filled in wherever they appear. The values are inserted as they
+    are, so slot names or braces inside the question or passages stay as written.
 
     Raises:
-        ValueError: the template lacks ``{question}`` or ``{passages}``.
+        ValueError: the template lacks ``{question}`` or ``{passages}``, has another
+            placeholder, a format spec, or a single brace (``job.rag.template: ...``).
     """
-    for slot in ("{question}", "{passages}"):
-        if slot not in template:
-            raise ValueError(f"RAG prompt template must contain {slot}")
-    values = {"question": question.strip(), "passages": format_passages(passages)}
-    return _SLOTS.sub(lambda m: values[m.group(1)], template)
+    parts = parse_template(template, "job.rag.template", TEMPLATE_SLOTS, TEMPLATE_SLOTS)
+    return fill_template(parts, {"question": question.strip(), "passages": format_passages(passages)})

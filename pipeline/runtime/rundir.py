@@ -25,24 +25,8 @@ from typing import Any
 
 from pipeline.config import Config, from_yaml, to_yaml
 from pipeline.io.atomic import write_json
-from pipeline.io.shards import Shard
+from pipeline.io.shards import Shard, shard_path
 from pipeline.runtime.secret import create_secret, read_secret
-
-
-def result_config_changes(old: Config, new: Config) -> list[str]:
-    """Keys whose change alters generations (model, prompt, sampling, columns), as dotted names."""
-    keys = ["model.path", "model.source", "model.name", "model.dtype", "model.max_model_len",
-            "job.prompt_template", "job.system_prompt", "job.text_column", "job.id_column",
-            "job.sampling.temperature", "job.sampling.top_p", "job.sampling.max_new_tokens",
-            "job.sampling.seed", "job.output"]
-
-    def get(cfg: Config, key: str):
-        obj = cfg
-        for part in key.split("."):
-            obj = getattr(obj, part)
-        return obj
-
-    return [k for k in keys if get(old, k) != get(new, k)]
 
 
 class RunDir:
@@ -53,16 +37,9 @@ class RunDir:
     def create(self, cfg: Config, shards: list[Shard], output_dir: str, rows: int | None = None) -> None:
         """Lay out the run directory, or reuse one from an earlier run of the same job: done
         shards and row checkpoints stay; what belonged to the earlier launch (decode endpoints,
-        progress, failed marks, the stop request) goes.
-
-        Raises:
-            ValueError: the directory holds results of a config that gives different outputs.
+        progress, failed marks, the stop request) goes. Whether ``cfg`` may reuse it (the same
+        settings as the results there) is checked before, by :mod:`pipeline.preflight`.
         """
-        if (self.path / "config.yaml").exists() and self.done():
-            changed = result_config_changes(self.config(), cfg)
-            if changed:
-                raise ValueError(f"run.dir {self.path} holds outputs of another config "
-                                 f"(changed: {', '.join(changed)}); use a new run.dir")
         for sub in ("decode", "progress", "failed"):
             shutil.rmtree(self.path / sub, ignore_errors=True)
         (self.path / "stop").unlink(missing_ok=True)
@@ -110,26 +87,39 @@ class RunDir:
 
     # -- shard completion -----------------------------------------------------------------------
     def done_path(self, shard: Shard) -> Path:
-        return self.path / "done" / f"{shard.name}.json"
+        """``RUN_DIR/done/<shard name>.json`` (the shard's folders kept; see :func:`shard_path`)."""
+        return shard_path(self.path / "done", shard.name, ".json")
+
+    def checkpoint_dir(self, shard: Shard) -> Path:
+        """``RUN_DIR/checkpoints/<shard name>/``: the shard's row checkpoints."""
+        return shard_path(self.path / "checkpoints", shard.name)
 
     def mark_done(self, shard: Shard, totals: dict[str, Any]) -> None:
-        write_json(self.done_path(shard), totals)
+        """Record ``shard`` as done with its ``totals`` (rows, errors, tokens ...)."""
+        write_json(self.done_path(shard), {"shard": shard.name, **totals})
 
     def mark_failed(self, shard: Shard, error: str, worker: str) -> None:
-        write_json(self.path / "failed" / f"{shard.name}.json",
+        write_json(shard_path(self.path / "failed", shard.name, ".json"),
                    {"shard": shard.name, "error": error, "worker": worker})
+
+    def _markers(self, sub: str) -> dict[str, dict[str, Any]]:
+        """The markers under ``RUN_DIR/<sub>/`` by the shard name they record."""
+        out = {}
+        for p in sorted((self.path / sub).rglob("*.json")):
+            if not p.name.startswith("."):
+                data = json.loads(p.read_text())
+                out[data["shard"]] = data
+        return out
 
     def failed(self) -> dict[str, dict[str, Any]]:
         """Shards that failed as a whole (unreadable, unwritable), by name; a later success of
         the same shard (a re-run) wins."""
         done = self.done()
-        return {p.name[: -len(".json")]: json.loads(p.read_text())
-                for p in (self.path / "failed").glob("*.json")
-                if p.name[: -len(".json")] not in done}
+        return {name: f for name, f in self._markers("failed").items() if name not in done}
 
     def done(self) -> dict[str, dict[str, Any]]:
-        return {p.name[: -len(".json")]: json.loads(p.read_text())
-                for p in (self.path / "done").glob("*.json")}
+        """Shards done, by name: their totals (rows, errors, tokens ...)."""
+        return self._markers("done")
 
     # -- progress and shutdown ------------------------------------------------------------------
     def write_progress(self, worker: str, data: dict[str, Any]) -> None:
@@ -146,7 +136,7 @@ class RunDir:
 
     def all_settled(self) -> bool:
         """Every shard of the run is done or failed."""
-        settled = set(self.done()) | {p.name[: -len(".json")] for p in (self.path / "failed").glob("*.json")}
+        settled = set(self.done()) | set(self._markers("failed"))
         return all(s.name in settled for s in self.shards())
 
     def request_stop(self) -> None:

@@ -168,7 +168,8 @@ def test_stream_gives_search_results_batch_by_batch(retriever, questions):
 def test_build_prompt():
     prompt = build_prompt("What is {passages}?", ["alpha\n", "beta {question}"],
                           template="Q: {question}\nUse {{these}}:\n{passages}\nA:")
-    assert prompt == "Q: What is {passages}?\nUse {{these}}:\n[1] alpha\n\n[2] beta {question}\nA:"
+    # The template reads like str.format ({{ is a literal brace); the values are inserted as they are.
+    assert prompt == "Q: What is {passages}?\nUse {these}:\n[1] alpha\n\n[2] beta {question}\nA:"
     default = build_prompt("Why?", ["one", "two", "three"])
     assert "[1] one\n\n[2] two\n\n[3] three" in default and "like [2]" in default
     assert default.rstrip().endswith("Question: Why?\nAnswer:")

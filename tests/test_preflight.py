@@ -1,0 +1,279 @@
+"""What can be known at start is checked at start (pipeline.preflight): each failure is one line,
+exit status 2, naming the setting, before any engine or Slurm job starts. None of these tests
+starts an engine: every run here is refused, a dry run, or a re-run with nothing to do."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import shutil
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from pipeline.config import ConfigError, compose
+from pipeline.preflight import preflight
+from tests.conftest import ROOT, SAMPLE, run_pipeline
+from tests.test_cli_errors import _one_line_error
+
+CASES = ROOT.parent / "shared" / "cases"
+
+
+def _case(tmp_path: Path, name: str) -> Path:
+    """A writable copy of case ``name``'s input folder (../shared is read-only)."""
+    src = CASES / name / "input"
+    if not src.is_dir():
+        pytest.skip(f"case {name} is not in {CASES}")
+    dst = tmp_path / name / "input"
+    for f in src.rglob("*"):
+        if f.is_file():
+            (dst / f.relative_to(src)).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(f, dst / f.relative_to(src))
+    return dst
+
+
+def _files(folder: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def _refused(*overrides: str) -> str:
+    return _one_line_error(run_pipeline("+job=summarize", "run.progress=false", *overrides))
+
+
+# -- locations --------------------------------------------------------------------------------------
+
+def test_output_is_or_lies_inside_the_input_is_refused_and_the_input_stays(tmp_path):
+    """Case 04: job.output=job.input replaced the input file; now exit 2 and the input is untouched."""
+    src = _case(tmp_path, "04-output-dir-is-input-dir")
+    before = _files(src)
+    run = tmp_path / "run"
+    for output in (src, src / "out"):
+        line = _refused(f"job.input={src}", f"job.output={output}", f"run.dir={run}")
+        assert "job.output" in line and "inside the input" in line, line
+    # One file as input, its folder as output: the output shard would replace it.
+    line = _refused(f"job.input={src / 'notes.parquet'}", f"job.output={src}", f"run.dir={run}")
+    assert "job.output" in line and "over the input shard" in line, line
+    # run.dir inside the input is refused too (its checkpoints would become input shards).
+    assert "run.dir" in _refused(f"job.input={src}", f"run.dir={src / 'run'}")
+    assert _files(src) == before and not run.exists()
+
+
+def test_run_dir_under_a_regular_file_is_refused(tmp_path):
+    """Case 05: run.dir=FILE/run was a traceback and exit 1; now one line naming run.dir."""
+    src = _case(tmp_path, "05-output-not-writable")
+    regular = tmp_path / "FILE"
+    regular.write_text("not a folder")
+    line = _refused(f"job.input={src}", f"run.dir={regular / 'run'}")
+    assert line.startswith("error: run.dir:") and str(regular) in line and "regular file" in line, line
+    assert regular.read_text() == "not a folder"
+
+
+def test_unwritable_output_is_refused_and_nothing_is_left(tmp_path):
+    if os.geteuid() == 0:  # root writes through any mode bits
+        output = Path("/sys/pd-pipeline-preflight-test")
+    else:
+        locked = tmp_path / "locked"
+        locked.mkdir(mode=0o500)
+        output = locked / "out"
+    line = _refused(f"job.input={SAMPLE}", f"job.output={output}", f"run.dir={tmp_path / 'run'}")
+    assert line.startswith("error: job.output:") and "cannot create or write" in line, line
+    assert not output.exists() and not (tmp_path / "run").exists()
+
+
+@pytest.mark.skipif(importlib.util.find_spec("s3fs") is not None, reason="s3fs is installed")
+def test_a_scheme_without_its_fsspec_implementation_names_the_package(tmp_path):
+    line = _refused(f"job.input={SAMPLE}", "job.output=s3://bucket/x", f"run.dir={tmp_path / 'run'}")
+    assert "job.output" in line and "s3fs" in line, line
+
+
+def test_writability_marker_leaves_no_folder_behind(tmp_path):
+    cfg = compose(["+job=summarize", f"run.root={tmp_path / 'outputs'}"])
+    plan = preflight(cfg)
+    assert not (tmp_path / "outputs").exists()
+    assert plan.run_dir.parent == tmp_path / "outputs" / "summarize"
+    assert plan.output == str(plan.run_dir / "output")
+
+
+# -- the input schema ---------------------------------------------------------------------------
+
+def test_input_columns_named_like_output_columns_are_refused_with_the_setting(tmp_path):
+    """Case 03: the clash was found after every row had been generated; now at start."""
+    src = _case(tmp_path, "03-input-has-output-columns")
+    line = _refused(f"job.input={src}", f"run.dir={tmp_path / 'run'}")
+    assert line.startswith("error: job.input:"), line
+    assert "generation, finish_reason, error" in line and "job.input_column_prefix=input_" in line, line
+    assert not (tmp_path / "run").exists()
+    # With a prefix the preflight accepts the input and says what the columns become.
+    cfg = compose(["+job=summarize", f"job.input={src}", "job.input_column_prefix=input_",
+                   f"run.dir={tmp_path / 'run'}"])
+    assert preflight(cfg).renamed == {"generation": "input_generation", "finish_reason": "input_finish_reason",
+                                      "error": "input_error"}
+    # A prefix whose names are taken too is refused.
+    pq.write_table(pa.table({"text": ["a"], "error": ["e"], "x_error": ["f"]}), tmp_path / "taken.parquet")
+    cfg = compose(["+job=summarize", f"job.input={tmp_path / 'taken.parquet'}", "job.input_column_prefix=x_",
+                   f"run.dir={tmp_path / 'run2'}"])
+    with pytest.raises(ConfigError, match="job.input_column_prefix.*x_error"):
+        preflight(cfg)
+
+
+def test_text_column_missing_or_not_text_in_any_shard_is_refused(tmp_path):
+    src = tmp_path / "in"
+    src.mkdir()
+    pq.write_table(pa.table({"id": ["a"], "text": [b"\xff bytes are fine here"]}), src / "a.parquet")
+    # A string column holding bytes that are not UTF-8 (unchecked, as some writers leave it): a row error later.
+    raw = pa.array([b"fine", b"\xc3\x28 broken"], pa.binary())
+    pq.write_table(pa.table({"id": ["b", "b2"], "text": pa.Array.from_buffers(pa.string(), 2, raw.buffers())}),
+                   src / "b.parquet")
+    (src / "c.parquet").write_text("not parquet: this shard fails on its own later, the others run")
+    plan = preflight(compose(["+job=summarize", f"job.input={src}", f"run.dir={tmp_path / 'run'}"]))
+    assert plan.rows == [1, 2, None] and list(plan.unreadable) == ["c.parquet"]
+    described = plan.describe()
+    assert "rows: 3" in described and "unreadable shard (it will fail, the others run): c.parquet" in described
+    assert "prompt tokens: ~" in described, described
+    pq.write_table(pa.table({"id": ["d"], "body": ["x"]}), src / "d.parquet")
+    with pytest.raises(ConfigError, match="job.text_column: column 'text' is not in shard d.parquet"):
+        preflight(compose(["+job=summarize", f"job.input={src}", f"run.dir={tmp_path / 'run'}"]))
+    (src / "d.parquet").unlink()
+    pq.write_table(pa.table({"id": ["e"], "text": [7]}), src / "e.parquet")
+    line = _refused(f"job.input={src}", f"run.dir={tmp_path / 'run'}")
+    assert "job.text_column" in line and "e.parquet" in line and "int64" in line, line
+
+
+# -- templates ------------------------------------------------------------------------------------
+
+def test_text_twice_fills_both_slots(tmp_path):
+    """Case 07: two {text} slots raised 'too many values to unpack' in every shard owner after
+    the engines started; now the text goes into both, with the model's real tokenizer."""
+    from pipeline.engine.model import load_tokenizer
+    from pipeline.io.prompts import Renderer
+
+    src = _case(tmp_path, "07-prompt-template-text-twice")
+    cfg = compose(["+job=summarize", f"job.input={src}", f"run.dir={tmp_path / 'run'}",
+                   "job.prompt_template='Note: {text} -- restate it in one line: {text}'"])
+    preflight(cfg)
+    tokenizer = load_tokenizer(compose(["+job=summarize"]))
+    render = Renderer(cfg.job, tokenizer)
+    text = pq.read_table(src / "notes.parquet").column("text")[0].as_py()
+    ids, cut = render(text)
+    prompt = tokenizer.decode(ids)
+    assert not cut and prompt.count(text.strip()) == 2, prompt
+    assert f"Note: {text} -- restate it in one line: {text}" in prompt
+    body = tokenizer(text, add_special_tokens=False, split_special_tokens=True)["input_ids"]
+    assert len(ids) == len(render.before) + len(render.after) + 2 * len(body)
+
+
+@pytest.mark.parametrize("template, words", [
+    ("Summarize {title}: {text}", ["unknown placeholder {title}", "{text}"]),
+    ("{text:>20}", ["{text:>20}", "format spec"]),
+    ("{text!r}", ["{text!r}", "conversion"]),
+    ("JSON like {\"a\": 1} then {text}", ["{{"]),
+    ("a stray } then {text}", ["Single '}'", "{{ or }}"]),
+    ("no slot at all", ["must contain {text}"]),
+])
+def test_bad_prompt_template_is_refused(tmp_path, template, words):
+    line = _refused(f"job.prompt_template={template!r}", f"run.dir={tmp_path / 'run'}")
+    assert line.startswith("error: job.prompt_template:"), line
+    for w in words:
+        assert w in line, line
+    assert not (tmp_path / "run").exists()
+
+
+def test_system_prompt_and_rag_template_are_checked(tmp_path):
+    with pytest.raises(ConfigError, match=r"job.system_prompt: unknown placeholder \{role\}"):
+        preflight(compose(["+job=summarize", "job.system_prompt='You are {role}'", f"run.dir={tmp_path / 'r'}"]))
+    with pytest.raises(ConfigError, match=r"job.rag.template: unknown placeholder \{context\}"):
+        preflight(compose(["+job=rag", "job.rag.template='{question} {passages} {context}'", f"run.dir={tmp_path / 'r'}"]))
+    with pytest.raises(ConfigError, match=r"job.rag.template: must contain \{passages\}"):
+        preflight(compose(["+job=rag", "job.rag.template='{question} only'", f"run.dir={tmp_path / 'r'}"]))
+    # {{ and }} are literal braces, in the system prompt too.
+    preflight(compose(["+job=summarize", "job.system_prompt='Answer in JSON: {{\"summary\": ...}}'",
+                       f"run.dir={tmp_path / 'r'}"]))
+
+
+# -- keys -----------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("override, key", [
+    ("+model.bogus=1", "model.bogus"),
+    ("+job.sampling.stop=[x]", "job.sampling.stop"),
+    ("+run.bogus=true", "run.bogus"),
+])
+def test_plus_key_not_in_the_schema_is_refused(override, key):
+    """Hydra adds a +key with the struct flag lifted and OmegaConf.to_object then dropped it."""
+    line = _one_line_error(run_pipeline("+job=summarize", override))
+    assert line.startswith(f"error: {key}:"), line
+
+
+def test_plus_key_into_a_free_form_field_is_kept():
+    cfg = compose(["+job=summarize", "+cluster.additional_parameters.gres=gpu:1"])
+    assert cfg.cluster.additional_parameters == {"gres": "gpu:1"}
+
+
+# -- re-runs --------------------------------------------------------------------------------------
+
+def _finished_run(tmp_path: Path, *args: str, checkpoint_only: bool = False) -> list[str]:
+    """A run directory as a finished (or, ``checkpoint_only``, interrupted) run of ``args`` leaves it."""
+    from pipeline.io.shards import list_shards
+    from pipeline.runtime.rundir import RunDir
+
+    cfg = compose(list(args))
+    run = RunDir(cfg.run.dir)
+    shards = list_shards(cfg.job.input)
+    run.create(cfg, shards, cfg.job.output or str(run.path / "output"))
+    if checkpoint_only:
+        (run.path / "checkpoints" / shards[0].name).mkdir(parents=True)
+        (run.path / "checkpoints" / shards[0].name / "part-00000.parquet").write_bytes(b"rows")
+    else:
+        for s in shards:
+            run.mark_done(s, {"shard": s.name, "rows": 8, "errors": 0, "prompt_tokens": 1, "output_tokens": 1})
+    return list(args)
+
+
+def test_rerun_with_changed_settings_names_every_one(tmp_path):
+    src = tmp_path / "in"
+    src.mkdir()
+    shutil.copyfile(SAMPLE / "shard-00000.parquet", src / "shard-00000.parquet")
+    args = _finished_run(tmp_path, "+job=summarize", f"job.input={src}", f"run.dir={tmp_path / 'run'}")
+    assert preflight(compose(args)).resumes
+    line = _one_line_error(run_pipeline(
+        *args, "job.sampling.max_new_tokens=5", "job.prompt_template='Briefly: {text}'", "model.dtype=float32",
+        "job.too_long=truncate", "job.id_column=doc", f"job.output={tmp_path / 'elsewhere'}"))
+    changed = line.split("(changed: ")[1].split(")")[0].split(", ")
+    assert sorted(changed) == sorted(["job.sampling.max_new_tokens", "job.prompt_template", "model.dtype",
+                                      "job.too_long", "job.id_column", "job.output"]), line
+    assert line.startswith("error: run.dir:"), line
+    # A new file in the input folder changes which rows are read.
+    shutil.copyfile(SAMPLE / "shard-00001.parquet", src / "shard-00001.parquet")
+    with pytest.raises(ConfigError, match=r"changed: job.input \(files\)"):
+        preflight(compose(args))
+
+
+def test_rerun_over_row_checkpoints_is_checked_too(tmp_path):
+    args = _finished_run(tmp_path, "+job=summarize", f"job.input={SAMPLE}", f"run.dir={tmp_path / 'run'}",
+                         checkpoint_only=True)
+    with pytest.raises(ConfigError, match=r"changed: job.sampling.seed, model.max_model_len"):
+        preflight(compose([*args, "job.sampling.seed=3", "model.max_model_len=2048"]))
+    # Settings that change speed, not results, may change.
+    assert preflight(compose([*args, "job.batch_rows=4", "pools=colocated"])).resumes
+
+
+# -- dry run --------------------------------------------------------------------------------------
+
+def test_dry_run_prints_the_plan_and_starts_nothing(tmp_path):
+    root = tmp_path / "outputs"
+    p = run_pipeline("+job=summarize", f"job.input={SAMPLE}", f"run.root={root}", "pools.prefill=2",
+                     "--dry-run")
+    assert p.returncode == 0, p.stderr
+    out = p.stdout
+    assert "shards: 3 (shard-00000.parquet, shard-00001.parquet, shard-00002.parquet)" in out
+    assert "rows: 24" in out and "pools: disaggregated 2P:1D" in out
+    assert "prompt tokens: ~" in out and "estimate" in out
+    assert "config:" in out and "dry_run: true" in out and "max_new_tokens: 48" in out
+    # No run directory (so no decode endpoints, logs or jobs), nothing anywhere under run.root.
+    assert not root.exists()
+    # run.dry_run=true is the same; a dry run still refuses what a run would refuse.
+    p = run_pipeline("+job=summarize", f"job.input={SAMPLE}", f"run.dir={tmp_path / 'run'}", "run.dry_run=true",
+                     "job.prompt_template=x")
+    assert p.returncode == 2 and "job.prompt_template" in p.stderr
+    assert not (tmp_path / "run").exists()
