@@ -1,6 +1,6 @@
 """Per-request and per-worker metrics, written as Parquet in the run directory next to the output.
 
-``RUN_DIR/metrics/requests/<shard name>/part-<n>.parquet``: one row per served row (rows that
+``RUN_DIR/metrics/requests/<shard name>/part-<n>.parquet`` (the shard name is its relative path): one row per served row (rows that
 became error rows before prefill, such as empty text, have no metrics). Written by the shard's
 owner each time it checkpoints a batch of finished rows, so a resumed run keeps the metrics of
 rows finished before the interruption. All times are wall-clock seconds since the epoch
@@ -77,6 +77,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from pipeline.io.atomic import write_parquet
+from pipeline.io.shards import shard_path
 
 if TYPE_CHECKING:
     from pipeline.io.output import RowResult
@@ -159,12 +160,12 @@ def write_request_metrics(run_path: Path, shard: str, records: list[dict[str, An
     if not records:
         return
     table = pa.Table.from_pylist(records, schema=REQUEST_SCHEMA)
-    write_parquet(table, Path(run_path) / "metrics" / "requests" / shard / f"part-{uuid.uuid4().hex}.parquet")
+    write_parquet(table, shard_path(Path(run_path) / "metrics" / "requests", shard) / f"part-{uuid.uuid4().hex}.parquet")
 
 
 def read_request_metrics(run_path: Path) -> pa.Table:
     """Every request metrics row of a run (an empty table with the schema when there is none)."""
-    parts = sorted((Path(run_path) / "metrics" / "requests").glob("*/part-*.parquet"))
+    parts = sorted((Path(run_path) / "metrics" / "requests").rglob("part-*.parquet"))
     if not parts:
         return REQUEST_SCHEMA.empty_table()
     return pa.concat_tables([pq.read_table(p, schema=REQUEST_SCHEMA) for p in parts])

@@ -1,7 +1,8 @@
 """The output shard: one row per input row, in input order.
 
 Columns (documented in the README):
-  id                 the input's id column, or "<shard name>:<row index>" when it has none
+  id                 the input's id column (a nested id as its JSON text), or
+                     "<shard name>:<row index>" when it has none
   <passthrough>      every input column except the id and text columns, unchanged
   generation         string, null on error
   generation_token_ids  list<int32>, the output token ids
@@ -27,6 +28,7 @@ Columns (documented in the README):
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, fields
 
 import pyarrow as pa
@@ -115,31 +117,79 @@ RAG_COLUMNS = ("passage_ids", "passage_scores")
 assert [f.name for f in fields(RowResult)][:len(RESULT_SCHEMA)] == RESULT_SCHEMA.names
 
 
-def row_ids(table: pa.Table, id_column: str, shard_name: str) -> pa.Array:
-    """The id column, or ``"<shard name>:<row index>"`` strings when the input has none."""
-    if id_column in table.column_names:
-        return table.column(id_column).combine_chunks()
-    return pa.array([f"{shard_name}:{i}" for i in range(table.num_rows)], pa.string())
+def ids_as_keys(ids: pa.Array) -> pa.Array:
+    """Ids usable as keys: those of a nested type (list, struct, map) become their JSON text
+    (keys sorted); others are returned as they are."""
+    if not pa.types.is_nested(ids.type):
+        return ids
+    return pa.array([None if v is None else json.dumps(v, sort_keys=True, default=str)
+                     for v in ids.to_pylist()], pa.string())
 
 
-def build_output(table: pa.Table, ids: pa.Array, id_column: str, text_column: str,
-                 results: list[RowResult], rag: bool = False) -> pa.Table:
-    """Assemble the output shard: ``id_column``, passthrough columns, then the result columns
-    (the RAG columns only when ``rag``).
+def id_type(input_schema: pa.Schema, id_column: str) -> pa.DataType:
+    """The output id column's type: the input's, string for a nested one (:func:`ids_as_keys`)
+    or when the input has no id column."""
+    if id_column not in input_schema.names:
+        return pa.string()
+    t = input_schema.field(id_column).type
+    return pa.string() if pa.types.is_nested(t) else t
+
+
+def row_ids(batch: pa.Table | pa.RecordBatch, id_column: str, shard_name: str, first_row: int = 0) -> pa.Array:
+    """The id column of ``batch`` (rows ``first_row``... of its shard; nested ids as their JSON
+    text, :func:`ids_as_keys`), or ``"<shard name>:<row index>"`` strings when the input has none."""
+    if id_column in batch.schema.names:
+        column = batch.column(id_column)
+        return ids_as_keys(column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column)
+    return pa.array([f"{shard_name}:{first_row + i}" for i in range(batch.num_rows)], pa.string())
+
+
+def passthrough_names(input_names: list[str], id_column: str, text_column: str,
+                      prefix: str | None) -> dict[str, str]:
+    """Input column -> its output name, for every input column but the id and text columns. A
+    column named like an output column is kept as ``prefix + name`` (``job.input_column_prefix``).
+
+    Raises:
+        ValueError: such a clash and no ``prefix`` (names the columns and the setting).
+    """
+    taken = set(RESULT_SCHEMA.names) | {id_column}
+    names = [n for n in input_names if n not in (id_column, text_column)]
+    clash = [n for n in names if n in taken]
+    if clash and not prefix:
+        raise ValueError(f"input column name clashes with an output column: {', '.join(clash)}; set "
+                         f"job.input_column_prefix (for example input_) to keep them under that prefix")
+    return {n: (prefix + n if n in taken else n) for n in names}
+
+
+def output_schema(input_schema: pa.Schema, id_column: str, text_column: str, rag: bool = False,
+                  prefix: str | None = None) -> pa.Schema:
+    """The output shard's schema for an input shard of ``input_schema`` (see :func:`build_output`).
+
+    Raises:
+        ValueError: an input column clashes with an output column and no ``prefix`` is set.
+    """
+    fields = [pa.field(id_column, id_type(input_schema, id_column))]
+    for name, out in passthrough_names(input_schema.names, id_column, text_column, prefix).items():
+        fields.append(input_schema.field(name).with_name(out))
+    fields += [f for f in RESULT_SCHEMA if rag or f.name not in RAG_COLUMNS]
+    return pa.schema(fields)
+
+
+def build_output(table: pa.Table | pa.RecordBatch, ids: pa.Array, id_column: str, text_column: str,
+                 results: list[RowResult], rag: bool = False, prefix: str | None = None) -> pa.Table:
+    """Assemble rows of the output shard: ``id_column``, passthrough columns (renamed with
+    ``prefix`` where they clash with an output column), then the result columns (the RAG columns
+    only when ``rag``).
 
     Raises:
         ValueError: ``results`` does not hold exactly one entry per input row, or an input
-            column has the name of a result column.
+            column has the name of a result column and no ``prefix`` is set.
     """
     if len(results) != table.num_rows:
         raise ValueError(f"{len(results)} results for {table.num_rows} input rows")
     columns = {id_column: ids}
-    for name in table.column_names:
-        if name in (id_column, text_column):
-            continue
-        if name in RESULT_SCHEMA.names:
-            raise ValueError(f"input column {name!r} clashes with an output column; rename it")
-        columns[name] = table.column(name)
+    for name, out in passthrough_names(table.schema.names, id_column, text_column, prefix).items():
+        columns[out] = table.column(name)
     for field in RESULT_SCHEMA:
         if field.name in RAG_COLUMNS and not rag:
             continue

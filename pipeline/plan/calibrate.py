@@ -4,7 +4,6 @@ workload and model it served, and fit the ``cpu`` profile's rates to its timings
 
 from __future__ import annotations
 
-import glob
 import math
 import os
 from dataclasses import replace
@@ -39,8 +38,10 @@ def read_run(run_or_output: str | os.PathLike) -> list[list[dict]]:
     """
     import pyarrow.parquet as pq
 
+    from pipeline.io.shards import output_files
+
     out, _ = _output_dir(run_or_output)
-    files = sorted(glob.glob(str(out / "*.parquet")))
+    files = output_files(str(out))
     if not files:
         raise FileNotFoundError(f"no output shards (*.parquet) in {out}")
     cols = ["prompt_tokens", "output_tokens", "queue_s", "prefill_s", "ttft_s", "decode_s", "kv_handoff_s", "error"]

@@ -30,7 +30,7 @@ def load_run(run_path: str | Path) -> tuple[dict[str, Any], Any, dict[str, Any] 
     if not run.is_dir():
         raise FileNotFoundError(f"run directory not found: {run}")
     req_dir = run / "metrics" / "requests"
-    if not any(req_dir.glob("*/part-*.parquet")):
+    if not any(req_dir.rglob("part-*.parquet")):
         raise FileNotFoundError(f"no request metrics in {req_dir} (not a run directory, or no row "
                                 f"was served yet)")
     try:

@@ -1,6 +1,7 @@
-"""Shard ownership, shared by prefill and colocated workers: read a shard, turn rows into
-prompts, serve each prompt (at most ``job.batch_rows`` in flight), then write the output shard
-atomically and mark the shard done. The owner is the only writer of its output shard."""
+"""Shard ownership, shared by prefill and colocated workers: stream a shard's rows, turn them into
+prompts, serve each prompt (at most ``job.batch_rows`` in flight per worker), write the output
+shard incrementally and atomically, and mark the shard done. The owner is the only writer of its
+output shard."""
 
 from __future__ import annotations
 
@@ -9,12 +10,15 @@ import time
 from typing import Any, AsyncIterator, Awaitable, Callable
 
 from pipeline.config import Config
-from pipeline.io.atomic import write_parquet
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from pipeline.io.atomic import atomic_write
 from pipeline.io.checkpoint import RowCheckpoint
 from pipeline.io.metrics import request_record, write_request_metrics
-from pipeline.io.output import RowResult, build_output, row_ids
+from pipeline.io.output import RowResult, build_output, output_schema, row_ids
 from pipeline.io.prompts import Prompt, make_prompts
-from pipeline.io.shards import Shard, output_url, read_shard
+from pipeline.io.shards import Shard, duplicate_id_rows, iter_batches, output_url, shard_schema, text_values
 from pipeline.roles.errors import is_worker_failure
 from pipeline.runtime.ids import row_key
 from pipeline.runtime.rundir import RunDir
@@ -41,127 +45,214 @@ class Progress:
             self.run.write_progress(self.worker, self.data)
 
 
-async def own_shards(run: RunDir, cfg: Config, shards: list[Shard], worker: str, tokenizer: Any,
-                     serve: ServeRow, open_shards: int = 2) -> None:
-    """Process ``shards``, skipping those already marked done.
+READ_ROWS = 1024  # rows read from a shard at a time (one Parquet record batch)
+AHEAD_BATCHES = 2  # record batches read ahead of the oldest one not yet written
 
-    At most ``job.batch_rows`` rows are in flight across the worker, taken in shard order, and at
-    most ``open_shards`` shards are open at once, so the next shard's rows start while the
-    previous shard's last rows finish. A row that cannot become a prompt, or whose serving raises,
-    becomes an error row: every input row gives exactly one output row, in input order. A shard
-    that cannot be read or written is recorded as failed (``RUN_DIR/failed/``) and the others go on.
+
+async def own_shards(run: RunDir, cfg: Config, shards: list[Shard], worker: str, tokenizer: Any,
+                     serve: ServeRow) -> None:
+    """Process ``shards`` in order, skipping those already marked done.
+
+    At most ``job.batch_rows`` rows are being served at once across the worker, whatever the
+    number and size of the shards: the next shard's rows start as soon as every row of the
+    previous one has started. A row that cannot become a prompt, or whose serving raises, becomes
+    an error row: every input row gives exactly one output row, in input order. A shard that
+    cannot be read or written is recorded as failed (``RUN_DIR/failed/``) and the others go on.
     """
     progress = Progress(run, worker)
     done = run.done()
-    rows_limit = asyncio.Semaphore(cfg.job.batch_rows)
-    open_limit = asyncio.Semaphore(open_shards)
-
-    async def one_shard(shard: Shard) -> None:
-        async with open_limit:
-            try:
-                totals = await _own_shard(run, cfg, shard, worker, tokenizer, serve, rows_limit, progress)
-            except Exception as exc:  # a bad shard must not stop the others
-                if is_worker_failure(exc):
-                    raise
-                run.mark_failed(shard, f"{type(exc).__name__}: {exc}", worker)
-                return
-            run.mark_done(shard, totals)
-            progress.add(shards=1, force=True)
-
-    await asyncio.gather(*(one_shard(s) for s in shards if s.name not in done))
+    slots = asyncio.Semaphore(cfg.job.batch_rows)
+    finishing = []
+    try:
+        for shard in shards:
+            if shard.name in done:
+                continue
+            owner = ShardOwner(run, cfg, shard, worker, tokenizer, serve, slots, progress)
+            finishing.append(asyncio.create_task(owner.own()))
+            await owner.dispatched.wait()
+        await asyncio.gather(*finishing)
+    finally:
+        for t in finishing:
+            t.cancel()
     progress.add(force=True)
 
 
-async def _own_shard(run: RunDir, cfg: Config, shard: Shard, worker: str, tokenizer: Any,
-                     serve: ServeRow, rows_limit: asyncio.Semaphore, progress: Progress) -> dict:
-    job = cfg.job
-    t_read = time.time()
-    table = await asyncio.to_thread(read_shard, shard)
-    ids = row_ids(table, job.id_column, shard.name)
-    keys = [row_key(shard.index, i) for i in range(table.num_rows)]
-    texts: list = []
-    if job.text_column in table.column_names:
-        texts = table.column(job.text_column).to_pylist()
-        prompts = make_prompts(texts, keys, job, tokenizer, cfg.model.max_model_len,
-                               ids=ids.to_pylist() if job.id_column in table.column_names else None)
-    else:
-        missing = (f"text column {job.text_column!r} is not in the shard "
-                   f"(columns: {', '.join(table.column_names)}); set job.text_column")
-        prompts = [Prompt(row=i, row_key=k, error=missing) for i, k in enumerate(keys)]
+class _Batch:
+    """One record batch of a shard in flight: its rows' tasks, written once all have ended."""
 
-    # Request metrics are written with each checkpoint batch, once their rows' results are saved.
-    checkpoint = RowCheckpoint(run.path / "checkpoints" / shard.name, job.checkpoint_rows,
-                               with_batch=lambda records: write_request_metrics(run.path, shard.name, records))
-    resumed = checkpoint.load()
+    def __init__(self, first_row: int, rows: pa.RecordBatch, ids: pa.Array, read_at: float):
+        self.first_row, self.rows, self.ids, self.read_at = first_row, rows, ids, read_at
+        self.tasks: dict[int, asyncio.Task] = {}
 
-    async def one(p: Prompt) -> RowResult:
-        if p.row in resumed:
-            return resumed[p.row]
+
+class ShardOwner:
+    """One shard, end to end, in bounded memory: its rows are read ``READ_ROWS`` at a time,
+    served (each holding one of the worker's ``slots`` while it is served), and written in input
+    order to one output file, incrementally (a Parquet writer on a temporary name, moved into
+    place when the shard is complete: one atomic output per shard). At most ``AHEAD_BATCHES``
+    record batches wait behind the oldest unwritten one. Finished rows are also saved in row
+    checkpoints (``job.checkpoint_rows`` at a time), from which a restarted owner resumes.
+    ``dispatched`` is set once every row has started (or the shard failed)."""
+
+    def __init__(self, run: RunDir, cfg: Config, shard: Shard, worker: str, tokenizer: Any,
+                 serve: ServeRow, slots: asyncio.Semaphore, progress: Progress):
+        self.run, self.cfg, self.job, self.shard, self.worker = run, cfg, cfg.job, shard, worker
+        self.tokenizer, self.serve, self.slots, self.progress = tokenizer, serve, slots, progress
+        self.dispatched = asyncio.Event()
+        self.queue: asyncio.Queue[_Batch | None] = asyncio.Queue(maxsize=AHEAD_BATCHES)
+        # Request metrics are written with each checkpoint batch, once their rows' results are saved.
+        self.checkpoint = RowCheckpoint(run.checkpoint_dir(shard), cfg.job.checkpoint_rows,
+                                        with_batch=lambda records: write_request_metrics(run.path, shard.name, records))
+        self.resumed: dict[int, RowResult] = {}
+        self.row_tasks: set[asyncio.Task] = set()
+        self.totals = {"rows": 0, "errors": 0, "prompt_tokens": 0, "output_tokens": 0, "kv_bytes": 0}
+
+    async def own(self) -> None:
+        """Serve and write the shard, then mark it done (or failed, if it cannot be read or
+        written).
+
+        Raises:
+            Exception: a worker failure (:func:`~pipeline.roles.errors.is_worker_failure`).
+        """
+        started = time.time()
+        writer = asyncio.create_task(self._write_all())
+        try:
+            await self._dispatch(writer)
+            await writer
+        except Exception as exc:  # a bad shard must not stop the others
+            writer.cancel()
+            for t in self.row_tasks:
+                t.cancel()
+            if is_worker_failure(exc):
+                raise
+            self.run.mark_failed(self.shard, f"{type(exc).__name__}: {exc}", self.worker)
+            return
+        finally:
+            self.dispatched.set()
+        self.checkpoint.clear()
+        self.run.mark_done(self.shard, {"shard": self.shard.name, **self.totals, "worker": self.worker,
+                                        "resumed_rows": len(self.resumed), "started_at": started,
+                                        "finished_at": time.time()})
+        self.progress.add(shards=1, force=True)
+
+    async def _dispatch(self, writer: asyncio.Task) -> None:
+        """Read the shard batch by batch and start its rows; returns when every row started."""
+        self.resumed = await asyncio.to_thread(self.checkpoint.load)
+        self.progress.add(rows=len(self.resumed), output_tokens=sum(r.output_tokens for r in self.resumed.values()))
+        duplicates = await asyncio.to_thread(duplicate_id_rows, self.shard, self.job.id_column)
+        batches = iter_batches(self.shard, READ_ROWS)
+        try:
+            while (item := await asyncio.to_thread(next, batches, None)) is not None:
+                first_row, rows = item
+                batch = _Batch(first_row, rows, row_ids(rows, self.job.id_column, self.shard.name, first_row), time.time())
+                async for ready in self._prompts(batch, duplicates):
+                    for p in ready:
+                        if p.row not in self.resumed and p.error is None:
+                            await self.slots.acquire()  # released when the row has been served
+                        task = batch.tasks[p.row] = asyncio.create_task(self._one(p, batch.read_at))
+                        self.row_tasks.add(task)
+                        task.add_done_callback(self.row_tasks.discard)
+                await self._put(batch, writer)
+        finally:
+            batches.close()
+        await self._put(None, writer)
+        self.dispatched.set()
+
+    async def _put(self, batch: _Batch | None, writer: asyncio.Task) -> None:
+        """Queue ``batch`` for the writer, waiting while ``AHEAD_BATCHES`` are queued; raises
+        the writer's exception if it failed meanwhile."""
+        put = asyncio.ensure_future(self.queue.put(batch))
+        await asyncio.wait({put, writer}, return_when=asyncio.FIRST_COMPLETED)
+        if not put.done():
+            put.cancel()
+            writer.result()
+
+    async def _prompts(self, batch: _Batch, duplicates: dict[int, str]) -> AsyncIterator[list[Prompt]]:
+        """The batch's rows as prompts, in groups ready to serve: rows resumed from a checkpoint
+        first, then the rest (RAG: as their passages are retrieved, so prefill overlaps retrieval)."""
+        names = batch.rows.schema.names
+        n = batch.rows.num_rows
+        keys = [row_key(self.shard.index, batch.first_row + i) for i in range(n)]
+        if self.job.text_column not in names:
+            missing = (f"text column {self.job.text_column!r} is not in the shard "
+                       f"(columns: {', '.join(names)}); set job.text_column")
+            yield [Prompt(row=batch.first_row + i, row_key=k, error=missing) for i, k in enumerate(keys)]
+            return
+        texts = text_values(batch.rows, self.job.text_column)
+        prompts = await asyncio.to_thread(make_prompts, texts, keys, self.job, self.tokenizer,
+                                          self.cfg.model.max_model_len, first_row=batch.first_row,
+                                          row_errors=duplicates)
+        yield [p for p in prompts if p.row in self.resumed]
+        todo = [p for p in prompts if p.row not in self.resumed]
+        if self.job.rag is None or not todo:
+            yield todo
+            return
+        from pipeline.rag.job import rag_prompt_batches
+
+        async for ready in rag_prompt_batches(todo, {batch.first_row + i: t for i, t in enumerate(texts)},
+                                              self.cfg, self.tokenizer):
+            yield ready
+
+    async def _one(self, p: Prompt, read_at: float) -> RowResult:
+        if p.row in self.resumed:
+            return self.resumed[p.row]
         if p.error is not None:
-            result = RowResult(error=p.error, prefill_worker=worker, served=False)
+            result = RowResult(error=p.error, prefill_worker=self.worker, served=False)
         else:
-            async with rows_limit:
-                t0 = time.time()
-                try:
-                    result = await serve(p)
-                except Exception as exc:  # one row's failure must not take the shard down
-                    if is_worker_failure(exc):
-                        raise
-                    result = RowResult(error=f"{type(exc).__name__}: {exc}", prefill_worker=worker,
-                                       prefill_start=t0)
-                result.queue_s = t0 - t_read
-                result.prompt_tokens = len(p.token_ids)
-                result.prompt_truncated = p.truncated
-                result.passage_ids, result.passage_scores = p.passage_ids, p.passage_scores
-        progress.add(rows=1, output_tokens=result.output_tokens)
-        record = (request_record(result, key=p.row_key, shard=shard.name, row=p.row, read_at=t_read)
+            t0 = time.time()
+            try:
+                result = await self.serve(p)
+            except Exception as exc:  # one row's failure must not take the shard down
+                if is_worker_failure(exc):
+                    raise
+                result = RowResult(error=f"{type(exc).__name__}: {exc}", prefill_worker=self.worker,
+                                   prefill_start=t0)
+            finally:
+                self.slots.release()
+            result.queue_s = t0 - read_at
+            result.prompt_tokens = len(p.token_ids)
+            result.prompt_truncated = p.truncated
+            result.passage_ids, result.passage_scores = p.passage_ids, p.passage_scores
+        self.progress.add(rows=1, output_tokens=result.output_tokens)
+        record = (request_record(result, key=p.row_key, shard=self.shard.name, row=p.row, read_at=read_at)
                   if result.served else None)
-        await checkpoint.add(p.row, result, record)
+        await self.checkpoint.add(p.row, result, record)
         return result
 
-    progress.add(rows=len(resumed), output_tokens=sum(r.output_tokens for r in resumed.values()))
-    # Rows start as their prompts become ready: all at once, or (RAG) batch by batch as their
-    # passages are retrieved, so prefill overlaps retrieval.
-    tasks: dict[int, asyncio.Task] = {}
-    try:
-        async for batch in _prompt_batches(prompts, texts, resumed, cfg, tokenizer):
-            for p in batch:
-                tasks[p.row] = asyncio.create_task(one(p))
-        results = await asyncio.gather(*(tasks[p.row] for p in prompts))
-    finally:
-        for t in tasks.values():
-            t.cancel()
-    await checkpoint.flush()  # the last rows' metrics
-    table_out = build_output(table, ids, job.id_column, job.text_column, results, rag=job.rag is not None)
-    await asyncio.to_thread(write_parquet, table_out, output_url(run.output_dir(), shard))
-    checkpoint.clear()
-    return {
-        "shard": shard.name,
-        "rows": len(results),
-        "errors": sum(r.error is not None for r in results),
-        "prompt_tokens": sum(r.prompt_tokens or 0 for r in results),
-        "output_tokens": sum(r.output_tokens for r in results),
-        "kv_bytes": sum(r.kv_bytes for r in results),
-        "worker": worker,
-        "resumed_rows": len(resumed),
-        "started_at": t_read,
-        "finished_at": time.time(),
-    }
+    async def _write_all(self) -> None:
+        """Write each queued batch, in order, once all its rows ended; the output appears under
+        its name only when the whole shard is written."""
+        job = self.job
+        rag = job.rag is not None
+        schema = output_schema(await asyncio.to_thread(shard_schema, self.shard), job.id_column,
+                               job.text_column, rag, job.input_column_prefix)
+        url = output_url(self.run.output_dir(), self.shard)
+        pending: list[asyncio.Task] = []
+        with atomic_write(url) as f:
+            writer = pq.ParquetWriter(f, schema)
+            try:
+                while (batch := await self.queue.get()) is not None:
+                    pending = list(batch.tasks.values())
+                    try:
+                        results = await asyncio.gather(*pending)
+                    finally:
+                        for t in pending:
+                            t.cancel()
+                    table = build_output(batch.rows, batch.ids, job.id_column, job.text_column, results,
+                                         rag=rag, prefix=job.input_column_prefix)
+                    await asyncio.to_thread(writer.write_table, table.cast(schema))
+                    self._count(results)
+                await self.checkpoint.flush()  # the last rows' metrics
+            finally:
+                writer.close()
 
-
-async def _prompt_batches(prompts: list[Prompt], texts: list, resumed: dict, cfg: Config,
-                         tokenizer: Any) -> AsyncIterator[list[Prompt]]:
-    """Every prompt once, in batches ready to serve (rows already resumed are served from their
-    checkpoint and need no retrieval)."""
-    todo = [p for p in prompts if p.row not in resumed]
-    yield [p for p in prompts if p.row in resumed]
-    if cfg.job.rag is None or not todo:
-        yield todo
-        return
-    from pipeline.rag.job import rag_prompt_batches
-
-    async for batch in rag_prompt_batches(todo, texts, cfg, tokenizer):
-        yield batch
+    def _count(self, results: list[RowResult]) -> None:
+        t = self.totals
+        t["rows"] += len(results)
+        t["errors"] += sum(r.error is not None for r in results)
+        t["prompt_tokens"] += sum(r.prompt_tokens or 0 for r in results)
+        t["output_tokens"] += sum(r.output_tokens for r in results)
+        t["kv_bytes"] += sum(r.kv_bytes for r in results)
 
 
 def shards_for_task(shards: list[Shard], task: int, n_tasks: int) -> list[Shard]:

@@ -1,0 +1,128 @@
+"""The failing cases of ../shared/cases that need an engine, each with more members of its family,
+in ONE colocated run over one input tree (one engine start):
+
+- 01 a string column holding bytes that are not UTF-8 -> that row's error, never the shard's;
+  also a large_string column, and ids of a nested type (keys by their JSON text);
+- 02 shards with the same base name in different folders (hive partitions) -> two outputs at
+  the same relative paths, the partition key kept; also a name with spaces and `=`, and one so
+  long that a suffix would overflow the 255-byte name limit;
+- 08 `job.too_long=truncate` leaves room for `job.sampling.max_new_tokens`;
+- shards with different schemas read back as one dataset (`submit(...).result()`'s reader).
+
+Expected values come from the case table (../shared/cases/README.md) and hand counts, not from
+the pipeline's own output.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from pipeline.io.shards import read_output
+from pipeline.runtime.rundir import RunDir
+from tests.conftest import COMMON, ROOT, run_pipeline
+
+CASES = ROOT.parent / "shared" / "cases"
+MAX_LEN, NEW = 512, 16
+LONG_NAME = "n" * 243 + ".parquet"  # 251 bytes: + ".json" (a done marker) would be 256
+ODD_NAME = "notes = draft v2.parquet"
+
+
+@pytest.fixture(scope="module")
+def cases_run(tmp_path_factory):
+    if not CASES.is_dir():
+        pytest.skip("../shared/cases is not here")
+    base = tmp_path_factory.mktemp("cases")
+    inp = base / "input"
+    shutil.copytree(CASES / "02-same-basename-in-subfolders" / "input", inp)
+    (inp / "utf8").mkdir()
+    shutil.copy(CASES / "01-invalid-utf8-string-column" / "input" / "docs.parquet", inp / "utf8" / "docs.parquet")
+    (inp / "long").mkdir()
+    shutil.copy(CASES / "08-truncate-leaves-no-room" / "input" / "mixed.parquet", inp / "long" / "mixed.parquet")
+    # More of family 01: a large_string text column with a bad row, and nested ids with a duplicate.
+    raw = pa.array([b"Plain words about rivers.", b"\xc3\x28 broken", b"Words again."], pa.large_binary())
+    text = pa.Array.from_buffers(pa.large_string(), len(raw), raw.buffers())  # unchecked, as a writer might
+    pq.write_table(pa.table({"id": pa.array([{"doc": 1}, {"doc": 2}, {"doc": 1}]), "text": text}),
+                   inp / "utf8" / "large.parquet")
+    # More of family 02: a name with spaces and "=", and a very long one.
+    for name in (ODD_NAME, LONG_NAME):
+        pq.write_table(pa.table({"id": [name[:5]], "text": ["A short note about tea."]}), inp / name)
+    out = base / "output"
+    p = run_pipeline(*COMMON, "pools=colocated", f"run.dir={base / 'run'}", f"job.input={inp}",
+                     f"job.output={out}", f"model.max_model_len={MAX_LEN}", "job.too_long=truncate",
+                     f"job.sampling.max_new_tokens={NEW}")
+    assert p.returncode == 0, f"{p.stdout}\n{p.stderr[-4000:]}"
+    return inp, out, base / "run"
+
+
+def _rows(out, name):
+    return pq.read_table(out / name).to_pylist()
+
+
+@pytest.mark.e2e
+def test_every_shard_has_its_own_output_at_its_relative_path(cases_run):
+    inp, out, run_dir = cases_run
+    inputs = sorted(str(p.relative_to(inp)) for p in inp.rglob("*.parquet"))
+    outputs = sorted(str(p.relative_to(out)) for p in out.rglob("*.parquet"))
+    assert outputs == inputs and len(inputs) == 7
+    for name in inputs:
+        ids = pq.read_table(inp / name).column("id").to_pylist()
+        ids = [i if isinstance(i, str) else json.dumps(i, sort_keys=True) for i in ids]
+        assert [r["id"] for r in _rows(out, name)] == ids
+    # No temporary file anywhere in the output.
+    assert [p for p in out.rglob("*") if p.name.startswith(".")] == []
+    done = RunDir(run_dir).done()
+    assert sorted(done) == inputs and all(done[n]["rows"] == pq.read_metadata(inp / n).num_rows for n in inputs)
+
+
+@pytest.mark.e2e
+def test_hive_partitions_both_kept(cases_run):
+    _, out, _ = cases_run
+    en, fr = _rows(out, "lang=en/part-0.parquet"), _rows(out, "lang=fr/part-0.parquet")
+    assert [r["id"] for r in en] == ["en-1", "en-2"] and [r["id"] for r in fr] == ["fr-1", "fr-2"]
+    assert all(r["generation"] and r["error"] is None for r in en + fr)
+
+
+@pytest.mark.e2e
+def test_invalid_utf8_fails_only_its_row(cases_run):
+    _, out, _ = cases_run
+    rows = {r["id"]: r for r in _rows(out, "utf8/docs.parquet")}
+    assert list(rows) == ["u1", "u2", "u3"]
+    assert "not valid UTF-8" in rows["u2"]["error"] and rows["u2"]["generation"] is None
+    assert all(rows[k]["error"] is None and rows[k]["generation"] for k in ("u1", "u3"))
+    assert [r["source"] for r in rows.values()] == pq.read_table(
+        CASES / "01-invalid-utf8-string-column" / "input" / "docs.parquet").column("source").to_pylist()
+    large = _rows(out, "utf8/large.parquet")
+    assert large[0]["error"] is None and large[0]["generation"]
+    assert "not valid UTF-8 (byte 0xc3 at offset 0)" in large[1]["error"]
+    # Nested ids are keys by their JSON text (README: output schema), in the output and the check.
+    assert [r["id"] for r in large] == ['{"doc": 1}', '{"doc": 2}', '{"doc": 1}']
+    assert large[2]["error"] == """duplicate id '{"doc": 1}' (first at row 0)"""
+
+
+@pytest.mark.e2e
+def test_truncation_leaves_room_for_the_new_tokens(cases_run):
+    _, out, _ = cases_run
+    rows = {r["id"]: r for r in _rows(out, "long/mixed.parquet")}
+    long = rows["long"]
+    assert long["error"] is None and long["prompt_truncated"]
+    assert long["prompt_tokens"] == MAX_LEN - NEW  # cut to exactly the room left (~3,800 tokens before)
+    assert long["output_tokens"] == NEW or long["finish_reason"] == "stop"
+    assert not rows["short"]["prompt_truncated"] and rows["short"]["prompt_tokens"] < MAX_LEN - NEW
+
+
+@pytest.mark.e2e
+def test_odd_and_long_names_and_one_dataset_over_different_schemas(cases_run):
+    inp, out, run_dir = cases_run
+    assert _rows(out, ODD_NAME)[0]["generation"] and _rows(out, LONG_NAME)[0]["generation"]
+    table = read_output(str(out)).to_table()
+    assert table.num_rows == sum(pq.read_metadata(p).num_rows for p in inp.rglob("*.parquet"))
+    assert {"source", "lang"} <= set(table.column_names)  # docs.parquet's column, the hive key
+    by_id = {json.dumps(r["id"]): r for r in table.to_pylist()}
+    assert by_id['"en-1"']["lang"] == "en" and by_id['"u1"']["source"] is not None
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["shards_done"] == 7 and summary["rows"] == table.num_rows
