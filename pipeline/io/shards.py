@@ -153,13 +153,13 @@ def shard_schema(shard: Shard) -> pa.Schema:
         return pq.ParquetFile(f).schema_arrow
 
 
-def iter_batches(shard: Shard, rows: int) -> Iterator[tuple[int, pa.RecordBatch]]:
-    """The shard's rows as ``(first row index, record batch)`` of at most ``rows`` rows each,
-    read one batch at a time (memory holds one batch, not the shard)."""
+def iter_batches(shard: Shard, rows: int, columns: list[str] | None = None) -> Iterator[tuple[int, pa.RecordBatch]]:
+    """The shard's rows (``columns``, default all) as ``(first row index, record batch)`` of at
+    most ``rows`` rows each, read one batch at a time (memory holds one batch, not the shard)."""
     fs, path = url_to_fs(shard.url)
     with fs.open(path, "rb") as f:
         first = 0
-        for batch in pq.ParquetFile(f).iter_batches(batch_size=rows):
+        for batch in pq.ParquetFile(f).iter_batches(batch_size=rows, columns=columns):
             yield first, batch
             first += batch.num_rows
 
@@ -176,35 +176,49 @@ def text_values(batch: pa.RecordBatch | pa.Table, column: str) -> list[Any]:
     return values.to_pylist()
 
 
-def duplicate_id_rows(shard: Shard, id_column: str) -> dict[int, str]:
-    """Rows whose id (``id_column``) was seen earlier in the shard, each with its error:
-    ``duplicate id 'x' (first at row N)``. Reads the id column only; ids of a nested type are
-    compared by their JSON text (:func:`pipeline.io.output.ids_as_keys`), strings by their
-    bytes (they may not be UTF-8). Empty when the shard has no such column.
-    """
-    import pyarrow.compute as pc
-
-    if id_column not in shard_schema(shard).names:
-        return {}
-    fs, path = url_to_fs(shard.url)
-    with fs.open(path, "rb") as f:
-        ids = pq.ParquetFile(f).read(columns=[id_column]).column(id_column).combine_chunks()
-    keys = ids_as_keys(ids)
+def _id_values(batch: pa.RecordBatch) -> list[Any]:
+    """A batch's ids (its one column) as hashable Python values: nested ids as their JSON text
+    (:func:`pipeline.io.output.ids_as_keys`), strings as bytes (they may not be UTF-8)."""
+    keys = ids_as_keys(batch.column(0))
     if pa.types.is_string(keys.type) or pa.types.is_large_string(keys.type):
         keys = keys.cast(pa.large_binary())
-    table = pa.table({"k": keys, "row": pa.array(range(len(keys)), pa.int64())})
-    groups = table.group_by("k").aggregate([("row", "min"), ("row", "count")])
-    groups = groups.filter(pc.greater(groups["row_count"], 1))
-    if groups.num_rows == 0:
+    return keys.to_pylist()
+
+
+def duplicate_id_rows(shard: Shard, id_column: str, rows: int = 65536) -> dict[int, str]:
+    """Rows whose id (``id_column``) was seen earlier in the shard, each with its error:
+    ``duplicate id 'x' (first at row N)``. Empty when the shard has no such column.
+
+    Reads the id column only, ``rows`` at a time, twice: the first pass keeps one 64-bit hash
+    per row (8 bytes a row: 8 MB for a million rows) and finds the rows whose hash repeats; the
+    second compares those rows' ids themselves. Ids of a nested type are compared by their JSON
+    text (:func:`pipeline.io.output.ids_as_keys`), strings by their bytes.
+    """
+    import numpy as np
+
+    schema = shard_schema(shard)
+    if id_column not in schema.names:
         return {}
-    first = dict(zip(groups["k"].to_pylist(), groups["row_min"].to_pylist()))
-    rows = pc.indices_nonzero(pc.is_in(keys, value_set=groups["k"])).to_pylist()
+    hashes: list[np.ndarray] = []
+    for _, batch in iter_batches(shard, rows, [id_column]):
+        hashes.append(np.fromiter((hash(v) for v in _id_values(batch)), np.int64, batch.num_rows))
+    h = np.concatenate(hashes) if hashes else np.empty(0, np.int64)
+    order = np.argsort(h, kind="stable")
+    repeat = np.flatnonzero(h[order][1:] == h[order][:-1])
+    candidates = set(order[repeat].tolist()) | set(order[repeat + 1].tolist())
+    if not candidates:
+        return {}
+    first: dict[Any, int] = {}
     out = {}
-    for row in rows:
-        head = first[keys[row].as_py()]
-        if row != head:
-            value = keys[row].as_py()
-            if isinstance(value, bytes) and not (pa.types.is_binary(ids.type) or pa.types.is_large_binary(ids.type)):
-                value = value.decode("utf-8", "replace")
-            out[row] = f"duplicate id {value!r} (first at row {head})"
+    for start, batch in iter_batches(shard, rows, [id_column]):
+        values = _id_values(batch)
+        for row in sorted(r for r in candidates if start <= r < start + batch.num_rows):
+            value = values[row - start]
+            if value not in first:
+                first[value] = row
+                continue
+            shown = value.decode("utf-8", "replace") if isinstance(value, bytes) and not (
+                pa.types.is_binary(schema.field(id_column).type)
+                or pa.types.is_large_binary(schema.field(id_column).type)) else value
+            out[row] = f"duplicate id {shown!r} (first at row {first[value]})"
     return out

@@ -13,3 +13,18 @@ def test_write_atomic_leaves_only_the_shard(tmp_path):
     write_parquet(t, (tmp_path / "out" / "s.parquet").as_uri())
     assert [p.name for p in (tmp_path / "out").iterdir()] == ["s.parquet"]
     assert pq.read_table(tmp_path / "out" / "s.parquet").equals(t)
+
+
+def test_a_failed_write_leaves_nothing_and_long_names_fit(tmp_path):
+    import pytest
+
+    from pipeline.io.atomic import atomic_write, write_json
+
+    with pytest.raises(RuntimeError):
+        with atomic_write(tmp_path / "out" / "s.parquet") as f:
+            f.write(b"half")
+            raise RuntimeError("disk full")
+    assert list((tmp_path / "out").iterdir()) == []
+    name = "n" * 250 + ".json"  # 255 bytes: a temporary name built on it must be cut
+    write_json(tmp_path / name, {"a": 1})
+    assert [p.name for p in tmp_path.iterdir() if p.is_file()] == [name]

@@ -24,3 +24,41 @@ def test_list_shards_missing(tmp_path):
         list_shards(str(tmp_path / "absent"))
     with pytest.raises(FileNotFoundError, match="no .parquet shards"):
         list_shards(str(tmp_path))
+
+
+def test_shards_named_by_their_path_below_the_input_root(tmp_path):
+    import pyarrow as pa
+
+    for name in ("lang=en/part-0.parquet", "lang=fr/part-0.parquet", "top.parquet", "lang=en/.tmp.parquet",
+                 "_SUCCESS.parquet"):
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        pq.write_table(pa.table({"text": ["x"]}), tmp_path / name)
+    (tmp_path / "README.md").write_text("not a shard")
+    want = ["lang=en/part-0.parquet", "lang=fr/part-0.parquet", "top.parquet"]
+    assert [s.name for s in list_shards(str(tmp_path))] == want
+    assert [s.name for s in list_shards(str(tmp_path / "*" / "part-*.parquet"))] == want[:2]
+    assert [s.name for s in list_shards(str(tmp_path / "lang=fr" / "part-0.parquet"))] == ["part-0.parquet"]
+
+
+def test_run_dir_names_stay_under_the_name_limit_and_apart(tmp_path):
+    from pipeline.io.shards import shard_path
+
+    assert shard_path(tmp_path, "a=1/b c.parquet", ".json") == tmp_path / "a=1" / "b c.parquet.json"
+    long1, long2 = "x" * 250 + "1.parquet", "x" * 250 + "2.parquet"
+    p1, p2 = shard_path(tmp_path, long1, ".json"), shard_path(tmp_path, long2, ".json")
+    assert p1 != p2 and len(p1.name.encode()) <= 255 and p1.name.endswith(".json")
+    p1.write_text("{}")  # the file system takes it
+
+
+def test_duplicate_ids_across_read_batches(tmp_path):
+    import pyarrow as pa
+
+    from pipeline.io.shards import duplicate_id_rows
+
+    pq.write_table(pa.table({"id": ["a", "b", "c", "a", None, None, "b"], "text": ["t"] * 7}), tmp_path / "s.parquet")
+    shard = list_shards(str(tmp_path))[0]
+    # Two rows a read: every duplicate is in another batch than its first occurrence.
+    assert duplicate_id_rows(shard, "id", rows=2) == {
+        3: "duplicate id 'a' (first at row 0)", 5: "duplicate id None (first at row 4)",
+        6: "duplicate id 'b' (first at row 1)"}
+    assert duplicate_id_rows(shard, "absent") == {}
