@@ -10,20 +10,59 @@ import time
 from pipeline.runtime.rundir import RunDir
 
 
+def elapsed_s(run: RunDir) -> float:
+    """Seconds the run's rows/s is measured over, from its launch (when ``shards.json`` was
+    written): until now while shards are still open; once every shard is done or failed, until
+    the run's end, so that the rate of a finished run stays what it was. The end is, first found:
+    ``summary.json``'s ``wall_s`` (the launcher's own measure, launch to end) when written by
+    this launch; the latest ``finished_at`` of this launch's done markers; the latest failed
+    marker. Never below 1e-9 s.
+
+    Raises:
+        FileNotFoundError: ``run`` has no ``shards.json`` (not a run directory).
+    """
+    start = (run.path / "shards.json").stat().st_mtime
+    end = _end(run, start) if run.all_settled() else None
+    return max((time.time() if end is None else end) - start, 1e-9)
+
+
+def _end(run: RunDir, start: float) -> float | None:
+    """When the finished run ended (seconds since the epoch), or None when nothing says."""
+    summary = run.path / "summary.json"
+    try:
+        if summary.stat().st_mtime >= start:  # not left from an earlier launch of this run dir
+            wall_s = json.loads(summary.read_text()).get("wall_s")
+            if wall_s:
+                return start + float(wall_s)
+    except (OSError, ValueError):
+        pass
+    # Done markers of an earlier launch (kept when a run dir is reused) end before this one began.
+    finished = [d["finished_at"] for d in run.done().values() if d.get("finished_at", 0) >= start]
+    if finished:
+        return max(finished)
+    failed = [p.stat().st_mtime for p in (run.path / "failed").rglob("*.json")]
+    return max(failed) if failed else None
+
+
 def status_text(run: RunDir) -> str:
+    """What ``python -m pipeline.status`` prints: shards done / failed / total, rows, rows/s
+    (over :func:`elapsed_s`), ETA, each worker's progress and each decode worker's heartbeat.
+
+    Raises:
+        FileNotFoundError: ``run`` is not a run directory.
+    """
     shards = run.shards()
     done, failed, workers = run.done(), run.failed(), run.progress()
     meta = json.loads((run.path / "shards.json").read_text())
     total_rows = meta.get("rows")
     rows = sum(w["rows"] for w in workers)
-    started = (run.path / "shards.json").stat().st_mtime
-    elapsed = max(time.time() - started, 1e-9)
-    rate = rows / elapsed
+    rate = rows / elapsed_s(run)
+    finished = run.all_settled()
     lines = [f"run dir: {run.path}",
              f"shards: {len(done)} done, {len(failed)} failed, {len(shards)} total"
-             + (" (finished)" if run.all_settled() else "")]
+             + (" (finished)" if finished else "")]
     if total_rows:
-        eta = (total_rows - rows) / rate if rate > 0 and rows < total_rows else 0.0
+        eta = (total_rows - rows) / rate if rate > 0 and rows < total_rows and not finished else 0.0
         lines.append(f"rows: {rows}/{total_rows} | {rate:.2f} rows/s | ETA {eta:.0f} s")
     else:
         lines.append(f"rows: {rows} | {rate:.2f} rows/s")
@@ -44,6 +83,8 @@ def status_text(run: RunDir) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """``python -m pipeline.status RUN_DIR``: print :func:`status_text`. Exit status: 0, or 2
+    on bad usage or when RUN_DIR is not a run directory."""
     argv = sys.argv[1:] if argv is None else argv
     if len(argv) != 1:
         print("usage: python -m pipeline.status RUN_DIR", file=sys.stderr)

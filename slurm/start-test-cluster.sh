@@ -16,6 +16,25 @@ TIMEOUT=60
 
 alive() { local pid; pid=$(cat "$1" 2>/dev/null) && kill -0 "$pid" 2>/dev/null; }
 
+# Run daemon NAME ("$@", which forks into the background and returns) with stdin from
+# /dev/null, stdout and stderr appended to $STATE/NAME.out, and no other file descriptor of
+# this script or its caller: a lock or pipe held around this script must not stay held for
+# as long as the daemon runs (munged keeps whatever it inherits).
+start_daemon() {
+    local name=$1 fd; shift
+    (
+        for fd in /proc/$BASHPID/fd/*; do
+            fd=${fd##*/}
+            case $fd in 0|1|2) ;; *) eval "exec $fd>&-" ;; esac
+        done
+        exec "$@" </dev/null >>"$STATE/$name.out" 2>&1
+    ) || {
+        echo "start-test-cluster: $name did not start ($*); $STATE/$name.out:" >&2
+        tail -n 20 "$STATE/$name.out" >&2 || true
+        exit 1
+    }
+}
+
 # Healthy = our daemons run, munge round-trips, and the node is usable.  (The
 # pid check matters: slurmctld keeps reporting a dead slurmd's node as idle
 # for SlurmdTimeout.)
@@ -45,6 +64,7 @@ fi
 "$HERE/stop-test-cluster.sh" >/dev/null 2>&1 || true
 
 # --- munge ------------------------------------------------------------------
+mkdir -p "$STATE"
 install -d -o munge -g munge -m 0700 /etc/munge /var/lib/munge /var/log/munge
 install -d -o munge -g munge -m 0755 /run/munge
 if [ ! -s /etc/munge/munge.key ]; then
@@ -54,7 +74,7 @@ chown munge:munge /etc/munge/munge.key
 chmod 0400 /etc/munge/munge.key
 # --force: override munged's refusal over a leftover socket (after kill -9)
 # or "insecure" dir permissions, both common in containers.
-runuser -u munge -- munged --force
+start_daemon munged runuser -u munge -- munged --force
 
 # --- slurm.conf -------------------------------------------------------------
 mkdir -p "$STATE/ctld" "$STATE/spool" /etc/slurm
@@ -104,12 +124,12 @@ PartitionName=debug Nodes=$NODE Default=YES MaxTime=INFINITE State=UP
 EOF
 
 # --- daemons ----------------------------------------------------------------
-slurmctld
-slurmd -N "$NODE"   # explicit: hostname may be an FQDN
+start_daemon slurmctld slurmctld
+start_daemon slurmd slurmd -N "$NODE"   # explicit: hostname may be an FQDN
 
 fail() {
     echo "start-test-cluster: $*" >&2
-    for f in "$STATE/slurmctld.log" "$STATE/slurmd.log"; do
+    for f in "$STATE/slurmctld.log" "$STATE/slurmd.log" "$STATE"/*.out; do
         echo "--- tail $f" >&2; tail -n 20 "$f" >&2 2>/dev/null || true
     done
     exit 1

@@ -196,7 +196,7 @@ def test_system_prompt_and_rag_template_are_checked(tmp_path):
 
 @pytest.mark.parametrize("override, key", [
     ("+model.bogus=1", "model.bogus"),
-    ("+job.sampling.stop=[x]", "job.sampling.stop"),
+    ("+job.sampling.stops=[x]", "job.sampling.stops"),  # job.sampling.stop exists; a misspelling does not
     ("+run.bogus=true", "run.bogus"),
 ])
 def test_plus_key_not_in_the_schema_is_refused(override, key):
@@ -277,3 +277,30 @@ def test_dry_run_prints_the_plan_and_starts_nothing(tmp_path):
                      "job.prompt_template=x")
     assert p.returncode == 2 and "job.prompt_template" in p.stderr
     assert not (tmp_path / "run").exists()
+
+
+def test_case_10_taken_ports_fail_at_start_naming_port_and_setting(tmp_path):
+    import socket
+    import time
+
+    holders = []
+    try:
+        s0 = socket.socket()
+        s0.bind(("127.0.0.1", 0))
+        base = s0.getsockname()[1]
+        s0.close()
+        for port in (base, base + 10):  # the decode rank's and the prefill task's ports
+            s = socket.socket()
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            s.bind(("127.0.0.1", port))
+            s.listen()
+            holders.append(s)
+        t0 = time.monotonic()
+        line = _one_line_error(run_pipeline("+job=summarize", "run.progress=false", f"job.input={SAMPLE}",
+                                            f"transport.base_port={base}", f"run.dir={tmp_path / 'run'}"))
+        assert time.monotonic() - t0 < 30
+        assert f"port {base} " in line and "transport.base_port" in line
+        assert not (tmp_path / "run" / "logs").exists()  # no worker started
+    finally:
+        for s in holders:
+            s.close()

@@ -44,6 +44,8 @@ from pipeline.config import Config, ConfigError, to_yaml
 from pipeline.io.atomic import url_to_fs
 from pipeline.io.shards import Shard, text_values
 from pipeline.model.resolve import cache_dir
+from pipeline.runtime.net import check_ports_free
+from pipeline.preflight.engine_args import check_engine_args
 from pipeline.preflight.inputs import check_columns, check_templates, read_footers
 from pipeline.preflight.locations import check_overlap, check_writable, filesystem, list_input, one_line
 from pipeline.preflight.rerun import RESULT_KEYS, check_rerun, rerun_changes
@@ -126,9 +128,10 @@ def preflight(cfg: Config, run_dir: Path | None = None) -> Plan:
             be read or written, or where an output is or lies inside an input; no Parquet
             shard in ``job.input``; a text column missing or not text in a shard; input
             columns named like output columns; a re-run into ``run.dir`` that changes settings
-            its results depend on.
+            its results depend on; a fixed ``transport.base_port`` whose ports are taken here.
     """
     check_templates(cfg)
+    check_engine_args(cfg)
     for key, value in (("run.dir", cfg.run.dir), ("run.root", cfg.run.root)):
         if value and fsspec.core.split_protocol(value)[0] is not None:
             raise ConfigError(f"{key}: {value} must be a plain path on a file system every worker sees, not a URL")
@@ -153,6 +156,10 @@ def preflight(cfg: Config, run_dir: Path | None = None) -> Plan:
     for key, url in outputs:
         check_writable(key, url, *where[key])
     resumes = check_rerun(cfg, run_dir, shards, output)
+    try:
+        check_ports_free(cfg)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
     return Plan(cfg, run_dir, output, shards, rows, unreadable, renamed, resumes)
 
 
@@ -179,8 +186,9 @@ def estimate_prompt_tokens(plan: Plan) -> str:
         fs, p = url_to_fs(shard.url)
         try:
             with fs.open(p, "rb") as f:
-                batch = next(pq.ParquetFile(f).iter_batches(batch_size=per_shard, columns=[cfg.job.text_column]))
-            texts += text_values(batch, cfg.job.text_column)
+                batch = next(pq.ParquetFile(f).iter_batches(batch_size=per_shard, columns=[cfg.job.prompt_column]))
+            texts += (batch.column(0).to_pylist() if cfg.job.messages_column
+                      else text_values(batch, cfg.job.prompt_column))
         except (OSError, ValueError, StopIteration, pa.ArrowException):
             continue
     try:

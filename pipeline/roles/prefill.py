@@ -15,7 +15,7 @@ from pipeline.roles.handoff import PrefillHandoff
 from pipeline.roles.router import DecodeRouter, wait_for_decode
 from pipeline.roles.shard_owner import own_shards, shards_for_task
 from pipeline.runtime.ids import worker_id
-from pipeline.runtime.net import side_channel_port, worker_host
+from pipeline.runtime.net import side_channel, worker_host
 from pipeline.runtime.rundir import RunDir
 
 
@@ -33,9 +33,9 @@ async def _prefill(run: RunDir, task: int, n_tasks: int, cpus: str | None) -> st
     if not shards:
         return worker
     host = worker_host(cfg)
-    port = side_channel_port(cfg, cfg.pools.decode + task, host)
     recorder = StepRecorder(run.path, worker, "prefill")
-    engine = build_engine(cfg, "prefill", cpus=cpus, side_channel=(host, port), recorder=recorder)
+    with side_channel(cfg, cfg.pools.decode + task, host) as port:  # a taken port fails fast, named
+        engine = build_engine(cfg, "prefill", cpus=cpus, side_channel=(host, port), recorder=recorder)
     router = None
     try:
         await wait_for_decode(run, cfg.pools.decode, cfg.transport.connect_timeout_s)

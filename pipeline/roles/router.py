@@ -41,10 +41,14 @@ class DecodeRouter:
     a worker's load is the KV its hand-offs in flight will reach (prompt + new tokens each) as a
     fraction of the tokens its KV cache holds (published by the worker at start).
 
-    A monitor re-reads the decode endpoints every second: a worker whose heartbeat (in its
-    endpoint file) is older than ``dead_after_s`` seconds is dead, one that published a new
-    endpoint was restarted; either way its in-flight hand-offs fail with :class:`DecodeLost`
-    (the caller serves them again) and new hand-offs go elsewhere, or wait for it to come back.
+    A monitor re-reads the decode endpoints every second: a worker whose heartbeat (the value in
+    its endpoint file, rewritten every 2 s) this process has not seen change for ``dead_after_s``
+    seconds is dead, one that published a new endpoint was restarted; either way its in-flight
+    hand-offs fail with :class:`DecodeLost` (the caller serves them again) and new hand-offs go
+    elsewhere, or wait for it to come back. Liveness is timed with this process's monotonic
+    clock from when a change was seen, never by comparing the timestamp the decode node wrote
+    with this node's clock: the two nodes' clocks need not agree. A worker first seen counts as
+    alive for ``dead_after_s`` seconds.
     """
 
     def __init__(self, run: RunDir, timeout_s: float, dead_after_s: float, secret: bytes):
@@ -59,14 +63,20 @@ class DecodeRouter:
         self.capacity: dict[int, int | None] = {}  # rank -> tokens its KV cache holds
         self.dram_capacity: dict[int, int | None] = {}  # rank -> tokens its DRAM tier holds
         self.live: set[int] = set()
+        # rank -> (its heartbeat value last read, time.monotonic() when that value was first seen)
+        self.beats: dict[int, tuple[object, float]] = {}
         self.changed = asyncio.Event()
         self._refresh()
         self.monitor = asyncio.create_task(self._watch())
 
     def _refresh(self) -> None:
-        now = time.time()
+        now = time.monotonic()
         for rank, ep in self.run.decode_endpoints().items():
-            alive = now - ep.get("heartbeat", now) < self.dead_after_s
+            beat = ep.get("heartbeat")
+            if rank not in self.beats or self.beats[rank][0] != beat:
+                self.beats[rank] = (beat, now)
+            # No heartbeat written at all (an endpoint without one): alive, as before.
+            alive = beat is None or now - self.beats[rank][1] < self.dead_after_s
             self.capacity[rank] = ep.get("kv_capacity_tokens")
             self.dram_capacity[rank] = ep.get("dram_capacity_tokens")
             if ep["endpoint"] != self.endpoints.get(rank):
@@ -80,7 +90,8 @@ class DecodeRouter:
                 self.live.add(rank)
                 self.changed.set()
             elif not alive and rank in self.live:
-                self._drop(rank, f"decode rank {rank} stopped answering (no heartbeat for {self.dead_after_s:.0f} s)")
+                self._drop(rank, f"decode rank {rank} stopped answering (its heartbeat did not change "
+                                 f"for {self.dead_after_s:g} s)")
 
     def _drop(self, rank: int, why: str) -> None:
         self.live.discard(rank)
@@ -194,12 +205,12 @@ class DecodeRouter:
         worker (the one holding the request's DRAM-tier reservation) while it is live.
 
         Raises:
-            KVTooLarge: no live decode worker's KV cache holds prompt + ``max_tokens`` tokens.
+            KVTooLarge: no live decode worker's KV cache holds prompt + ``max_new_tokens`` tokens.
             DecodeLost: that worker died or restarted before answering.
             DecodeUnavailable: no decode worker was alive for ``wait_s`` seconds.
             TimeoutError: no result within ``transport.handoff_timeout_s`` seconds.
         """
-        need = len(h.prompt_token_ids) + h.max_tokens
+        need = len(h.prompt_token_ids) + h.sampling["max_new_tokens"]
         if rank is None or rank not in self.live:
             rank = await self._pick(wait_s, route, need)
         fut = asyncio.get_running_loop().create_future()

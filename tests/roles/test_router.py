@@ -8,11 +8,13 @@ worked out by hand in the comments."""
 from __future__ import annotations
 
 import asyncio
+import time
 
 import pytest
 
+from pipeline.io.atomic import write_json
 from pipeline.runtime.rundir import RunDir
-from pipeline.roles.errors import KVTooLarge
+from pipeline.roles.errors import DecodeLost, KVTooLarge
 from pipeline.roles.router import DecodeRouter
 
 
@@ -64,6 +66,49 @@ def test_unknown_capacity_falls_back_to_counting_requests(tmp_path):
             c.check_fits(10**9)  # nothing known: nothing refused
             c.inflight = {0: {"a": None}, 1: {}}
             assert await c._pick(1, kv_tokens=10**6) == 1
+        finally:
+            c.inflight = {}
+            c.close()
+    asyncio.run(go())
+
+
+def _set_heartbeat(run: RunDir, rank: int, heartbeat: float) -> None:
+    """Rewrite rank ``rank``'s endpoint file with this heartbeat value (a decode node's clock)."""
+    ep = run.decode_endpoints()[rank]
+    write_json(run.path / "decode" / f"rank-{rank}.json", {**ep, "heartbeat": heartbeat})
+
+
+def test_liveness_follows_heartbeat_changes_not_the_decode_nodes_clock(tmp_path):
+    # Three decode nodes whose clocks disagree with this one: rank 0's is an hour behind, rank
+    # 1's an hour ahead, rank 2's agrees. Ranks 0 and 1 beat every 0.5 s; rank 2's heartbeat
+    # never changes after the first. Comparing clocks would call rank 0 dead at once and rank 1
+    # alive forever; what counts is whether the value is seen to change within dead_after_s.
+    async def go():
+        run = RunDir(tmp_path)
+        skew = {0: -3600.0, 1: 3600.0, 2: 0.0}
+        t0 = time.time()
+        for rank in skew:
+            run.publish_decode(rank, f"tcp://127.0.0.1:{20000 + rank}", f"decode-{rank}@x", 8192)
+            _set_heartbeat(run, rank, t0 + skew[rank])
+        c = DecodeRouter(run, timeout_s=5, dead_after_s=2.0, secret=b"k" * 32)
+        lost = asyncio.get_running_loop().create_future()
+        try:
+            assert c.live == {0, 1, 2}  # first seen: alive
+            c.inflight[2] = {"2:0": lost}
+            for k in range(1, 7):  # 3 s
+                await asyncio.sleep(0.5)
+                for rank in (0, 1):
+                    _set_heartbeat(run, rank, t0 + skew[rank] + k)
+            assert c.live == {0, 1}  # rank 2 silent for >= 2 s; rank 0 alive though "an hour old"
+            with pytest.raises(DecodeLost, match="heartbeat did not change for 2 s"):
+                await asyncio.wait_for(lost, 0)
+            for k in range(7, 14):  # 3.5 s more: rank 1 (clock ahead) stops beating
+                await asyncio.sleep(0.5)
+                _set_heartbeat(run, 0, t0 + skew[0] + k)
+            assert c.live == {0}
+            _set_heartbeat(run, 2, t0 + 100)  # rank 2 beats again: alive again
+            await asyncio.sleep(1.5)
+            assert c.live == {0, 2}
         finally:
             c.inflight = {}
             c.close()
