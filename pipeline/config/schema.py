@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from omegaconf import MISSING
+from omegaconf import MISSING, DictConfig, OmegaConf
 
 CONNECTORS = {"NixlPushConnector", "NixlConnector"}
 POOL_MODES = {"disaggregated", "colocated"}
@@ -26,17 +26,55 @@ def _check(ok: bool, key: str, message: str) -> None:
 
 @dataclass
 class SamplingConfig:
-    """Sampling for every row. ``temperature=0`` is greedy decoding."""
+    """Sampling for every row (a row's ``job.sampling_column`` struct overrides any field for
+    that row). Names and meanings are vLLM's ``SamplingParams`` (``max_new_tokens`` is its
+    ``max_tokens``). ``temperature=0`` is greedy decoding. ``seed``: per request, so a row's
+    sampled output does not depend on its batch. ``logprobs``: the top-k log-probabilities
+    recorded per generated token. Structured output (vLLM's structured outputs, at most one):
+    ``json_schema`` (a JSON Schema as JSON text), ``regex``, ``choice``."""
 
     temperature: float = 0.0
     top_p: float = 1.0
     max_new_tokens: int = 64  # tokens
     seed: Optional[int] = None
+    top_k: int = 0  # 0: all tokens
+    min_p: float = 0.0
+    repetition_penalty: float = 1.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    stop: list[str] = field(default_factory=list)  # strings that end the generation (not output)
+    stop_token_ids: list[int] = field(default_factory=list)
+    ignore_eos: bool = False
+    min_tokens: int = 0  # tokens generated before EOS or a stop may end it
+    logprobs: Optional[int] = None  # top-k log-probabilities per generated token
+    json_schema: Optional[str] = None
+    regex: Optional[str] = None
+    choice: Optional[list[str]] = None
 
     def __post_init__(self) -> None:
-        _check(self.temperature >= 0, "job.sampling.temperature", f"must be >= 0, got {self.temperature}")
-        _check(0 < self.top_p <= 1, "job.sampling.top_p", f"must be in (0, 1], got {self.top_p}")
-        _check(self.max_new_tokens >= 1, "job.sampling.max_new_tokens", f"must be >= 1, got {self.max_new_tokens}")
+        key = "job.sampling."
+        _check(self.temperature >= 0, key + "temperature", f"must be >= 0, got {self.temperature}")
+        _check(0 < self.top_p <= 1, key + "top_p", f"must be in (0, 1], got {self.top_p}")
+        _check(self.max_new_tokens >= 1, key + "max_new_tokens", f"must be >= 1, got {self.max_new_tokens}")
+        _check(self.top_k == -1 or self.top_k >= 0, key + "top_k", f"must be >= 0 (or -1: all), got {self.top_k}")
+        _check(0 <= self.min_p <= 1, key + "min_p", f"must be in [0, 1], got {self.min_p}")
+        _check(self.repetition_penalty > 0, key + "repetition_penalty", f"must be > 0, got {self.repetition_penalty}")
+        for name in ("presence_penalty", "frequency_penalty"):
+            _check(-2 <= getattr(self, name) <= 2, key + name, f"must be in [-2, 2], got {getattr(self, name)}")
+        _check(0 <= self.min_tokens <= self.max_new_tokens, key + "min_tokens",
+               f"must be in [0, max_new_tokens={self.max_new_tokens}], got {self.min_tokens}")
+        _check(self.logprobs is None or self.logprobs >= 0, key + "logprobs", f"must be >= 0 or null, got {self.logprobs}")
+        _check(all(isinstance(s, str) and s for s in self.stop), key + "stop", "must be non-empty strings")
+        structured = [n for n in ("json_schema", "regex", "choice") if getattr(self, n) is not None]
+        _check(len(structured) <= 1, key + structured[-1] if structured else key, f"set at most one of {', '.join(structured)}")
+        if self.json_schema is not None:
+            import json
+
+            try:
+                json.loads(self.json_schema)
+            except ValueError as exc:
+                raise ValueError(f"{key}json_schema: not valid JSON: {exc}") from None
+        _check(self.choice is None or len(self.choice) >= 1, key + "choice", "must list at least one choice")
 
 
 @dataclass
@@ -92,10 +130,22 @@ class JobConfig:
     batch_rows: int = 16  # rows a prefill/colocated worker keeps in flight
     checkpoint_rows: int = 4  # finished rows saved together so a restarted owner resumes mid-shard
     too_long: str = "error"  # a prompt longer than the context: "error" row, or "truncate" the text
+    # A column of OpenAI chat messages (a list of {role, content} structs) to render with the
+    # model's chat template instead of text_column + prompt_template; null: plain text rows.
+    messages_column: Optional[str] = None
+    # A struct column whose non-null fields override job.sampling for their row (Ray Data LLM's
+    # name); unknown fields or out-of-range values make that row an error row.
+    sampling_column: str = "sampling_params"
     # Input columns named like an output column (a second pass over a run's output) are kept
     # under this prefix ("input_": input_generation, ...); null: such a clash is refused at start.
     input_column_prefix: Optional[str] = None
     rag: Optional[RagConfig] = None  # set: rows are questions answered from retrieved passages
+
+    @property
+    def prompt_column(self) -> str:
+        """The column each row's prompt comes from: ``messages_column`` when set, else
+        ``text_column``."""
+        return self.messages_column or self.text_column
 
     def __post_init__(self) -> None:
         # prompt_template / system_prompt: checked at start by pipeline.preflight (string.Formatter)
@@ -132,8 +182,19 @@ class ModelConfig:
     # KV blocks of each decode engine's cache (vLLM's num_gpu_blocks_override); null: as many as
     # kv_cache_gib / gpu_memory_utilization give. Smaller than that to test a decode pool short of KV.
     decode_kv_blocks: Optional[int] = None
+    seed: int = 0  # vLLM's engine seed: sampling's random state for rows without job.sampling.seed
+    # Any vllm AsyncEngineArgs field (max_num_seqs, kv_cache_dtype, ...): engine_kwargs for every
+    # engine, then prefill_/decode_engine_kwargs for that pool (they win); colocated engines take
+    # engine_kwargs only. Checked at start (pipeline.preflight.engine_args). Open dicts, so that
+    # model.engine_kwargs.KEY=V adds a key without Hydra's + (Hydra closes every other dict).
+    engine_kwargs: dict[str, Any] = field(default_factory=lambda: OmegaConf.create({}, flags={"struct": False}))
+    prefill_engine_kwargs: dict[str, Any] = field(default_factory=lambda: OmegaConf.create({}, flags={"struct": False}))
+    decode_engine_kwargs: dict[str, Any] = field(default_factory=lambda: OmegaConf.create({}, flags={"struct": False}))
 
     def __post_init__(self) -> None:
+        for name in ("engine_kwargs", "prefill_engine_kwargs", "decode_engine_kwargs"):  # plain dicts from here on
+            value = getattr(self, name)
+            setattr(self, name, OmegaConf.to_container(value) if isinstance(value, DictConfig) else dict(value))
         _check(self.prefill_chunk_tokens is None or self.prefill_chunk_tokens >= 16, "model.prefill_chunk_tokens",
                f"must be >= 16 or null, got {self.prefill_chunk_tokens}")
         _check(bool(self.path or self.source), "model.path", "set a model directory or hub id")

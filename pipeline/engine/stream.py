@@ -24,25 +24,44 @@ class Streamed:
     text: str = ""
     token_times: list[float] = field(default_factory=list)
     finish_reason: str | None = None
+    stop_reason: str | None = None  # the stop string, or the stop token id as text, that ended it
+    logprobs: list[list[tuple[int, float]]] | None = None  # per token: its top-k (token id, logprob)
+    cumulative_logprob: float | None = None
     num_cached_tokens: int = 0
     kv_transfer_params: dict[str, Any] | None = None
 
 
-def sampling_params(sampling: SamplingConfig, max_tokens: int | None = None,
-                    kv_transfer_params: dict[str, Any] | None = None) -> "SamplingParams":
-    """vLLM sampling parameters that stream new tokens only (``DELTA``), optionally carrying
-    ``kv_transfer_params`` for the NIXL connector."""
+def sampling_params(sampling: SamplingConfig, kv_transfer_params: dict[str, Any] | None = None) -> "SamplingParams":
+    """vLLM sampling parameters for ``sampling`` (every field, structured output as vLLM's
+    ``StructuredOutputsParams``) that stream new tokens only (``DELTA``), optionally carrying
+    ``kv_transfer_params`` for a KV connector."""
     from vllm import SamplingParams
-    from vllm.sampling_params import RequestOutputKind
+    from vllm.sampling_params import RequestOutputKind, StructuredOutputsParams
 
+    structured = None
+    if sampling.json_schema is not None or sampling.regex is not None or sampling.choice is not None:
+        structured = StructuredOutputsParams(json=sampling.json_schema, regex=sampling.regex,
+                                             choice=list(sampling.choice) if sampling.choice else None)
     return SamplingParams(
-        max_tokens=max_tokens if max_tokens is not None else sampling.max_new_tokens,
-        temperature=sampling.temperature,
-        top_p=sampling.top_p,
-        seed=sampling.seed,
+        max_tokens=sampling.max_new_tokens, temperature=sampling.temperature, top_p=sampling.top_p,
+        top_k=sampling.top_k, min_p=sampling.min_p, seed=sampling.seed,
+        repetition_penalty=sampling.repetition_penalty, presence_penalty=sampling.presence_penalty,
+        frequency_penalty=sampling.frequency_penalty, stop=list(sampling.stop) or None,
+        stop_token_ids=list(sampling.stop_token_ids) or None, ignore_eos=sampling.ignore_eos,
+        min_tokens=sampling.min_tokens, logprobs=sampling.logprobs, structured_outputs=structured,
         output_kind=RequestOutputKind.DELTA,
         extra_args={"kv_transfer_params": kv_transfer_params} if kv_transfer_params else None,
     )
+
+
+def prefill_params(kv_transfer_params: dict[str, Any]) -> "SamplingParams":
+    """A prefill worker's request: compute the prompt's KV and one (discarded) greedy token; the
+    row's own sampling applies on the decode worker, which computes its first token itself."""
+    from vllm import SamplingParams
+    from vllm.sampling_params import RequestOutputKind
+
+    return SamplingParams(max_tokens=1, temperature=0.0, output_kind=RequestOutputKind.DELTA,
+                          extra_args={"kv_transfer_params": kv_transfer_params})
 
 
 class FirstTokenTimeout(TimeoutError):
@@ -78,6 +97,11 @@ async def stream(engine: "AsyncLLM", request_id: str, prompt_token_ids: list[int
             first = False
             now = time.time()
             completion = ro.outputs[0]
+            if completion.logprobs is not None:
+                out.logprobs = (out.logprobs or []) + [
+                    sorted(((tid, lp.logprob) for tid, lp in step.items()), key=lambda t: -t[1])
+                    for step in completion.logprobs]
+                out.cumulative_logprob = completion.cumulative_logprob
             out.token_ids.extend(completion.token_ids)
             out.token_times.extend([now] * len(completion.token_ids))
             out.text += completion.text
@@ -85,6 +109,7 @@ async def stream(engine: "AsyncLLM", request_id: str, prompt_token_ids: list[int
             out.num_cached_tokens = max(out.num_cached_tokens, ro.num_cached_tokens or 0)
             if ro.finished:
                 out.finish_reason = completion.finish_reason
+                out.stop_reason = None if completion.stop_reason is None else str(completion.stop_reason)
                 out.kv_transfer_params = ro.kv_transfer_params
     finally:
         await outputs.aclose()  # aborts the request in the engine if it did not finish

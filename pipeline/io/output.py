@@ -7,6 +7,12 @@ Columns (documented in the README):
   generation         string, null on error
   generation_token_ids  list<int32>, the output token ids
   finish_reason      "stop" | "length" | null on error
+  stop_reason        the stop string (or stop token id, as text) that ended the row; null when
+                     EOS or the length limit did
+  logprobs           job.sampling.logprobs=k: per generated token, its top-k candidates
+                     [{token_id, logprob}], most likely first (vLLM adds the chosen token when it
+                     is not among them); null otherwise
+  cumulative_logprob the generated tokens' summed log-probability (with logprobs); else null
   prompt_tokens      int32, tokens in the rendered prompt (null when it could not be rendered)
   prompt_truncated   bool, the text was cut to fit the context (job.too_long=truncate)
   output_tokens      int32
@@ -41,6 +47,9 @@ class RowResult:
     generation: str | None = None
     generation_token_ids: list[int] | None = None
     finish_reason: str | None = None
+    stop_reason: str | None = None
+    logprobs: list[list[tuple[int, float]]] | None = None
+    cumulative_logprob: float | None = None
     prompt_tokens: int | None = None
     prompt_truncated: bool = False
     output_tokens: int = 0
@@ -70,13 +79,15 @@ class RowResult:
 
 def served_row(*, text: str | None, token_ids: list[int], finish_reason: str | None, error: str | None,
                token_times: list[float], prefill_start: float, prefill_end: float | None,
-               prefill_worker: str, **rest) -> RowResult:
+               prefill_worker: str, logprobs: list[list[tuple[int, float]]] | None = None,
+               **rest) -> RowResult:
     """The :class:`RowResult` of a row an engine served, its latency columns derived from the
     times (seconds): prefill ``prefill_end - prefill_start`` (colocated, with no ``prefill_end``:
     up to the first token), KV hand-off ``first token - prefill_end`` (null colocated), TTFT
     ``first token - prefill_start``, decode ``last token - first token``; all but prefill null
-    when no token came. ``rest``: the other :class:`RowResult` fields (``decode_worker``,
-    ``kv_tokens`` ...)."""
+    when no token came. ``logprobs``: per token, (token id, logprob) pairs (the engine's
+    :class:`~pipeline.engine.stream.Streamed` form). ``rest``: the other :class:`RowResult`
+    fields (``decode_worker``, ``kv_tokens`` ...)."""
     first = token_times[0] if token_times else None
     if prefill_end is not None:
         prefill_s = prefill_end - prefill_start
@@ -90,13 +101,18 @@ def served_row(*, text: str | None, token_ids: list[int], finish_reason: str | N
         ttft_s=(first - prefill_start) if first else None,
         decode_s=(token_times[-1] - first) if first else None,
         prefill_worker=prefill_worker, prefill_start=prefill_start, prefill_end=prefill_end,
-        token_times=token_times, **rest)
+        token_times=token_times, **rest,
+        logprobs=None if logprobs is None or error else [
+            [{"token_id": t, "logprob": lp} for t, lp in step] for step in logprobs])
 
 
 RESULT_SCHEMA = pa.schema([
     ("generation", pa.string()),
     ("generation_token_ids", pa.list_(pa.int32())),
     ("finish_reason", pa.string()),
+    ("stop_reason", pa.string()),
+    ("logprobs", pa.list_(pa.list_(pa.struct([("token_id", pa.int32()), ("logprob", pa.float32())])))),
+    ("cumulative_logprob", pa.float64()),
     ("prompt_tokens", pa.int32()),
     ("prompt_truncated", pa.bool_()),
     ("output_tokens", pa.int32()),

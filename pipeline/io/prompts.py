@@ -8,7 +8,7 @@ from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Any
 
-from pipeline.config import JobConfig
+from pipeline.config import JobConfig, SamplingConfig
 
 # Stands for the row's text while the chat template is rendered; never appears in real text.
 _SLOT = "\uE000pd-pipeline-text\uE001"
@@ -32,6 +32,7 @@ class Prompt:
     prefix_key: str | None = None  # rows with the same key share a long prompt prefix (RAG passages)
     passage_ids: list[str] | None = None  # RAG: the retrieved passages, best first
     passage_scores: list[float] | None = None
+    sampling: SamplingConfig | None = None  # the row's own sampling; None: job.sampling
 
 
 def parse_template(template: str, key: str, slots: Collection[str] = (),
@@ -153,19 +154,25 @@ def as_text(value: Any, column: str) -> tuple[str | None, str | None]:
 
 def make_prompts(texts: list[Any], keys: list[str], job: JobConfig, tokenizer: Any,
                  max_model_len: int, ids: list[Any] | None = None, first_row: int = 0,
-                 row_errors: dict[int, str] | None = None) -> list[Prompt]:
-    """One :class:`Prompt` per row, in order; rows are numbered from ``first_row``.
+                 row_errors: dict[int, str] | None = None,
+                 samplings: list[SamplingConfig | str | None] | None = None) -> list[Prompt]:
+    """One :class:`Prompt` per row, in order; rows are numbered from ``first_row``. ``texts``
+    are the rows' text values, or their chat messages when ``job.messages_column`` is set
+    (:func:`pipeline.io.chat.chat_token_ids`). ``samplings``: each row's own sampling
+    (:func:`pipeline.io.sampling.row_sampling`; ``None``: ``job.sampling``; a string: why the
+    row's sampling is invalid).
 
     Error rows, each with the reason: ``row_errors`` (row -> why, decided by the caller, such as
-    a duplicate id); null, empty or non-string text; bytes that are not UTF-8; an id seen earlier
-    in ``ids``; a prompt that leaves no room for one output token within ``max_model_len``
-    tokens, unless ``job.too_long == "truncate"``, which cuts the text so that the prompt (chat
-    template included) leaves room for ``job.sampling.max_new_tokens`` tokens, and sets
-    ``truncated``.
+    a duplicate id); an invalid per-row sampling; null, empty or non-string text; bytes that are
+    not UTF-8; malformed chat messages; an id seen earlier in ``ids``; a prompt that leaves no
+    room for one output token within ``max_model_len`` tokens, unless ``job.too_long ==
+    "truncate"``, which cuts a text row's text so that the prompt (chat template included)
+    leaves room for the row's ``max_new_tokens``, and sets ``truncated``.
     """
-    render = Renderer(job, tokenizer)
-    max_new = job.sampling.max_new_tokens
-    budget = max_model_len - max_new - len(render.before) - len(render.after)
+    from pipeline.io.chat import chat_token_ids
+
+    chat = job.messages_column is not None
+    render = None if chat else Renderer(job, tokenizer)
     first_seen: dict[Any, int] = {}
     out = []
     for i, (value, key) in enumerate(zip(texts, keys)):
@@ -181,17 +188,32 @@ def make_prompts(texts: list[Any], keys: list[str], job: JobConfig, tokenizer: A
                 p.error = f"duplicate id {rid!r} (first at row {first_seen[rid]})"
                 continue
             first_seen[rid] = row
-        text, p.error = as_text(value, job.text_column)
-        if p.error:
+        sampling = samplings[i] if samplings is not None else None
+        if isinstance(sampling, str):
+            p.error = sampling
             continue
-        if job.too_long == "truncate" and budget < 1:
-            p.error = (f"job.sampling.max_new_tokens={max_new} leaves no room for the text: the prompt "
-                       f"template takes {max_model_len - max_new - budget} of model.max_model_len={max_model_len} tokens")
-            continue
-        token_ids, p.truncated = render(text, budget if job.too_long == "truncate" else None)
+        p.sampling = sampling
+        max_new = (sampling or job.sampling).max_new_tokens
+        if chat:
+            try:
+                token_ids = chat_token_ids(value, job, tokenizer)
+            except ValueError as exc:
+                p.error = str(exc)
+                continue
+        else:
+            text, p.error = as_text(value, job.text_column)
+            if p.error:
+                continue
+            budget = max_model_len - max_new - len(render.before) - len(render.after)
+            if job.too_long == "truncate" and budget < 1:
+                p.error = (f"job.sampling.max_new_tokens={max_new} leaves no room for the text: the prompt "
+                           f"template takes {max_model_len - max_new - budget} of model.max_model_len={max_model_len} tokens")
+                continue
+            token_ids, p.truncated = render(text, budget if job.too_long == "truncate" else None)
         if len(token_ids) >= max_model_len:
+            cut = " (job.too_long=truncate cuts the text instead)" if not chat else ""
             p.error = (f"prompt is {len(token_ids)} tokens; the model's context (model.max_model_len) "
-                       f"is {max_model_len} tokens (job.too_long=truncate cuts the text instead)")
+                       f"is {max_model_len} tokens{cut}")
         else:
             p.token_ids = token_ids
     return out

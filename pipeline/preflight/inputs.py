@@ -79,6 +79,16 @@ def _text_type(t: pa.DataType) -> bool:
     return any(getattr(pa.types, k, lambda _: False)(t) for k in kinds)
 
 
+def _messages_type(t: pa.DataType) -> bool:
+    """A list of structs with ``role`` and ``content`` fields (OpenAI chat messages), or all null."""
+    if pa.types.is_null(t):
+        return True
+    if not (pa.types.is_list(t) or pa.types.is_large_list(t)):
+        return False
+    value = t.value_type
+    return pa.types.is_struct(value) and {"role", "content"} <= {value.field(i).name for i in range(value.num_fields)}
+
+
 def check_columns(cfg: Config, schemas: list[pa.Schema | None], names: list[str] | None = None) -> dict[str, str]:
     """Check the input schemas (one per shard, named by ``names``; ``None``: unreadable,
     skipped) against the job: the text column is in each with a text type, the id column is not
@@ -87,7 +97,8 @@ def check_columns(cfg: Config, schemas: list[pa.Schema | None], names: list[str]
     Returns the renaming ``job.input_column_prefix`` gives (old name -> new name).
 
     Raises:
-        ConfigError: the text column missing or not text (``job.text_column``); clashing
+        ConfigError: the text column missing or not text (``job.text_column``), or the
+            messages column missing or not chat messages (``job.messages_column``); clashing
             columns with ``job.input_column_prefix`` null (naming them and the setting), or
             prefixed names that clash too.
     """
@@ -98,15 +109,20 @@ def check_columns(cfg: Config, schemas: list[pa.Schema | None], names: list[str]
         raise ConfigError(f"job.id_column: {job.id_column!r} is the name of an output column; choose another")
     readable = [(name, schema) for name, schema in zip(names, schemas) if schema is not None]
     clash: list[str] = []
+    column = job.prompt_column
+    key = "job.messages_column" if job.messages_column else "job.text_column"
     for name, schema in readable:
-        if job.text_column not in schema.names:
-            raise ConfigError(f"job.text_column: column {job.text_column!r} is not in shard {name} "
+        if column not in schema.names:
+            raise ConfigError(f"{key}: column {column!r} is not in shard {name} "
                               f"(columns: {', '.join(schema.names)})")
-        t = schema.field(job.text_column).type
-        if not _text_type(t):
-            raise ConfigError(f"job.text_column: column {job.text_column!r} of shard {name} is {t}, "
+        t = schema.field(column).type
+        if job.messages_column and not _messages_type(t):
+            raise ConfigError(f"{key}: column {column!r} of shard {name} is {t}, not a list of "
+                              f"{{role, content}} structs")
+        if not job.messages_column and not _text_type(t):
+            raise ConfigError(f"{key}: column {column!r} of shard {name} is {t}, "
                               f"not text (string or binary)")
-        kept = passthrough_names(schema.names, job.id_column, job.text_column, "input_")
+        kept = passthrough_names(schema.names, job.id_column, column, "input_")
         clash += [c for c, out in kept.items() if out != c and c not in clash]
     prefix = job.input_column_prefix
     if clash and not prefix:
@@ -114,7 +130,7 @@ def check_columns(cfg: Config, schemas: list[pa.Schema | None], names: list[str]
         raise ConfigError(f"job.input: input columns {', '.join(clash)} clash with output columns; set "
                           f"job.input_column_prefix=input_ to keep them as {example}")
     for name, schema in readable:
-        outs = list(passthrough_names(schema.names, job.id_column, job.text_column, prefix).values())
+        outs = list(passthrough_names(schema.names, job.id_column, column, prefix).values())
         bad = sorted({o for o in outs if o in taken or outs.count(o) > 1})
         if bad:
             raise ConfigError(f"job.input_column_prefix: {prefix!r} gives {', '.join(bad)}, which clash with "

@@ -31,14 +31,13 @@ async def _colocated(run: RunDir, task: int, n_tasks: int, cpus: str | None) -> 
         return worker
     recorder = StepRecorder(run.path, worker, "colocated")
     engine = build_engine(cfg, "colocated", cpus=cpus, recorder=recorder)
-    params = sampling_params(cfg.job.sampling)
-
     async def serve(p: Prompt) -> RowResult:
         t0 = time.time()
-        s = await stream(engine, request_id(p.row_key), p.token_ids, params)
+        s = await stream(engine, request_id(p.row_key), p.token_ids, sampling_params(p.sampling or cfg.job.sampling))
         return served_row(text=s.text, token_ids=s.token_ids, finish_reason=s.finish_reason, error=None,
                           token_times=s.token_times, prefill_start=t0, prefill_end=None,
-                          prefill_worker=worker, prefix_cached_tokens=s.num_cached_tokens)
+                          prefill_worker=worker, prefix_cached_tokens=s.num_cached_tokens,
+                          stop_reason=s.stop_reason, logprobs=s.logprobs, cumulative_logprob=s.cumulative_logprob)
 
     try:
         await own_shards(run, cfg, shards, worker, load_tokenizer(cfg), serve)

@@ -15,7 +15,7 @@ import msgspec
 import zmq
 import zmq.asyncio
 
-from pipeline.config import Config
+from pipeline.config import Config, SamplingConfig
 from pipeline.engine.build import build_engine
 from pipeline.engine.kv_layout import kv_capacity_tokens
 from pipeline.engine.model import model_kv_bytes_per_token
@@ -23,7 +23,7 @@ from pipeline.engine.steps import StepRecorder
 from pipeline.engine.stream import FirstTokenTimeout, Streamed, sampling_params, stream
 from pipeline.roles.errors import is_worker_failure
 from pipeline.runtime.ids import worker_id
-from pipeline.runtime.net import side_channel_port, worker_host
+from pipeline.runtime.net import side_channel, worker_host
 from pipeline.runtime.rundir import RunDir
 from pipeline.wire.auth import Unauthenticated, sign, verify
 from pipeline.wire.messages import Handoff, Release, Reserve, Reserved, Result, decode, encode
@@ -47,8 +47,8 @@ async def _decode(run: RunDir, rank: int, cpus: str | None) -> str:
     await asyncio.sleep(float(os.environ.get("PD_PIPELINE_INJECT_DECODE_START_DELAY_S", "0") or 0))
     host = worker_host(cfg)
     recorder = StepRecorder(run.path, worker, "decode")
-    engine = build_engine(cfg, "decode", cpus=cpus, recorder=recorder,
-                          side_channel=(host, side_channel_port(cfg, rank, host)))
+    with side_channel(cfg, rank, host) as port:  # a taken port fails fast, named
+        engine = build_engine(cfg, "decode", cpus=cpus, recorder=recorder, side_channel=(host, port))
     server = DecodeServer(run, cfg, rank, worker, engine, host)
     try:
         await server.serve_forever()
@@ -201,7 +201,7 @@ class DecodeServer:
             except asyncio.TimeoutError:
                 raise FirstTokenTimeout(f"its KV write into the DRAM tier did not complete within "
                                         f"{kv_timeout_s:g} s") from None
-            params = sampling_params(self.cfg.job.sampling, max_tokens=h.max_tokens, kv_transfer_params={
+            params = sampling_params(SamplingConfig(**h.sampling), kv_transfer_params={
                 "dram_slots": slots, "dram_pool": {"path": str(self.pool.path), "num_slots": self.pool.num_slots}})
             return await stream(self.engine, h.request_id, h.prompt_token_ids, params)
         finally:
@@ -213,7 +213,7 @@ class DecodeServer:
         # engine's own count of prompt tokens it did not compute; drop it so kv_tokens
         # measures what this worker received instead of recomputing.
         kv_params = {k: v for k, v in h.kv_transfer_params.items() if k != "remote_prefill_cached_tokens"}
-        params = sampling_params(self.cfg.job.sampling, max_tokens=h.max_tokens, kv_transfer_params=kv_params)
+        params = sampling_params(SamplingConfig(**h.sampling), kv_transfer_params=kv_params)
         return await stream(self.engine, rid, h.prompt_token_ids, params,
                             first_token_timeout_s=self.cfg.transport.kv_timeout_s)
 
@@ -231,7 +231,8 @@ class DecodeServer:
             s = await (self._from_dram(h) if "dram" in h.kv_transfer_params else self._from_prefill(h, rid))
             result = Result(row_key=h.row_key, decode_worker=self.worker, token_ids=s.token_ids, text=s.text,
                             finish_reason=s.finish_reason, error=None, kv_tokens=s.num_cached_tokens,
-                            arrived_at=arrived, token_times=s.token_times)
+                            arrived_at=arrived, token_times=s.token_times, stop_reason=s.stop_reason,
+                            logprobs=s.logprobs, cumulative_logprob=s.cumulative_logprob)
         except FirstTokenTimeout as exc:
             log.warning("request %s: its KV did not arrive (%s); asking its prefill worker to prefill it again",
                         rid, exc)

@@ -4,13 +4,14 @@ never arrived, under an explicit :class:`RetryPolicy`."""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from pipeline.config import Config
-from pipeline.engine.stream import Streamed, sampling_params, stream
+from pipeline.engine.stream import Streamed, prefill_params, stream
 from pipeline.io.output import RowResult, served_row
 from pipeline.io.prompts import Prompt
 from pipeline.roles.errors import DecodeLost
@@ -64,7 +65,6 @@ class PrefillHandoff:
         self.dram = cfg.offload.dram(cfg.model.max_model_len)
         self.block_size = engine.vllm_config.cache_config.block_size
         self.policy = RetryPolicy(cfg.transport.handoff_retries + 1)
-        self.max_tokens = cfg.job.sampling.max_new_tokens
 
     async def serve(self, p: Prompt) -> RowResult:
         """The row's generation (or error row).
@@ -74,7 +74,8 @@ class PrefillHandoff:
             DecodeLost, TimeoutError: the last try lost its decode worker or got no answer.
             DecodeUnavailable: no decode worker was alive for ``transport.connect_timeout_s``.
         """
-        need = len(p.token_ids) + self.max_tokens
+        sampling = p.sampling or self.cfg.job.sampling
+        need = len(p.token_ids) + sampling.max_new_tokens
         # A request no decode worker can hold is an error row before it costs a prefill.
         self.router.check_fits(need, len(p.token_ids) if self.dram else None)
         capacity_wait = 0.0
@@ -99,7 +100,7 @@ class PrefillHandoff:
             try:
                 res = await self.router.handoff(Handoff(
                     row_key=p.row_key, request_id=rid, prefill_worker=self.worker, attempt=self.attempt,
-                    prompt_token_ids=p.token_ids, max_tokens=self.max_tokens,
+                    prompt_token_ids=p.token_ids, sampling=dataclasses.asdict(sampling),
                     kv_transfer_params=pre.kv_transfer_params, prefill_done_at=t_prefilled),
                     wait_s=self.cfg.transport.connect_timeout_s, route=route, rank=rank)
             except self.policy.RETRIED as exc:
@@ -125,8 +126,7 @@ class PrefillHandoff:
             RuntimeError: vLLM returned no ``kv_transfer_params`` (no KV connector configured).
         """
         try:
-            pre = await stream(self.engine, rid, p.token_ids, sampling_params(
-                self.cfg.job.sampling, max_tokens=1, kv_transfer_params=kv_params))
+            pre = await stream(self.engine, rid, p.token_ids, prefill_params(kv_params))
         except BaseException:
             if rank is not None:
                 await self.router.release(rank, rid)
@@ -143,4 +143,5 @@ class PrefillHandoff:
             token_times=res.token_times, prefill_start=t0, prefill_end=t_prefilled,
             prefill_worker=self.worker, decode_worker=res.decode_worker, kv_tokens=res.kv_tokens,
             kv_bytes=res.kv_tokens * self.kv_bytes_per_token, decode_arrived_at=res.arrived_at,
-            prefix_cached_tokens=pre.num_cached_tokens, tries=tries, capacity_wait_s=capacity_wait_s)
+            prefix_cached_tokens=pre.num_cached_tokens, tries=tries, capacity_wait_s=capacity_wait_s,
+            stop_reason=res.stop_reason, logprobs=res.logprobs, cumulative_logprob=res.cumulative_logprob)

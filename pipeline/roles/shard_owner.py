@@ -9,7 +9,7 @@ import asyncio
 import time
 from typing import Any, AsyncIterator, Awaitable, Callable
 
-from pipeline.config import Config
+from pipeline.config import Config, SamplingConfig
 import pyarrow as pa
 import pyarrow.parquet as pq
 
@@ -18,6 +18,7 @@ from pipeline.io.checkpoint import RowCheckpoint
 from pipeline.io.metrics import request_record, write_request_metrics
 from pipeline.io.output import RowResult, build_output, output_schema, row_ids
 from pipeline.io.prompts import Prompt, make_prompts
+from pipeline.io.sampling import row_sampling
 from pipeline.io.shards import Shard, duplicate_id_rows, iter_batches, output_url, shard_schema, text_values
 from pipeline.roles.errors import is_worker_failure
 from pipeline.runtime.ids import row_key
@@ -173,15 +174,17 @@ class ShardOwner:
         names = batch.rows.schema.names
         n = batch.rows.num_rows
         keys = [row_key(self.shard.index, batch.first_row + i) for i in range(n)]
-        if self.job.text_column not in names:
-            missing = (f"text column {self.job.text_column!r} is not in the shard "
-                       f"(columns: {', '.join(names)}); set job.text_column")
+        column = self.job.prompt_column
+        if column not in names:  # refused at start; a shard replaced since still fails row by row
+            missing = (f"column {column!r} is not in the shard (columns: {', '.join(names)}); "
+                       f"set job.{'messages' if self.job.messages_column else 'text'}_column")
             yield [Prompt(row=batch.first_row + i, row_key=k, error=missing) for i, k in enumerate(keys)]
             return
-        texts = text_values(batch.rows, self.job.text_column)
+        texts = (batch.rows.column(column).to_pylist() if self.job.messages_column
+                 else text_values(batch.rows, column))
         prompts = await asyncio.to_thread(make_prompts, texts, keys, self.job, self.tokenizer,
                                           self.cfg.model.max_model_len, first_row=batch.first_row,
-                                          row_errors=duplicates)
+                                          row_errors=duplicates, samplings=self._samplings(batch.rows))
         yield [p for p in prompts if p.row in self.resumed]
         todo = [p for p in prompts if p.row not in self.resumed]
         if self.job.rag is None or not todo:
@@ -192,6 +195,23 @@ class ShardOwner:
         async for ready in rag_prompt_batches(todo, {batch.first_row + i: t for i, t in enumerate(texts)},
                                               self.cfg, self.tokenizer):
             yield ready
+
+    def _samplings(self, rows: pa.RecordBatch) -> list[SamplingConfig | str | None] | None:
+        """Each row's own sampling from ``job.sampling_column`` (None: the column is absent),
+        or why it is invalid (the row's error)."""
+        column = self.job.sampling_column
+        if column not in rows.schema.names:
+            return None
+        out: list[SamplingConfig | str | None] = []
+        for value in rows.column(column).to_pylist():
+            if value is not None and not isinstance(value, dict):
+                out.append(f"{column} is {type(value).__name__}, not a struct of sampling fields")
+                continue
+            try:
+                out.append(row_sampling(self.job.sampling, value, column))
+            except ValueError as exc:
+                out.append(str(exc))
+        return out
 
     async def _one(self, p: Prompt, read_at: float) -> RowResult:
         if p.row in self.resumed:
@@ -225,7 +245,7 @@ class ShardOwner:
         job = self.job
         rag = job.rag is not None
         schema = output_schema(await asyncio.to_thread(shard_schema, self.shard), job.id_column,
-                               job.text_column, rag, job.input_column_prefix)
+                               job.prompt_column, rag, job.input_column_prefix)
         url = output_url(self.run.output_dir(), self.shard)
         pending: list[asyncio.Task] = []
         with atomic_write(url) as f:
@@ -238,7 +258,7 @@ class ShardOwner:
                     finally:
                         for t in pending:
                             t.cancel()
-                    table = build_output(batch.rows, batch.ids, job.id_column, job.text_column, results,
+                    table = build_output(batch.rows, batch.ids, job.id_column, job.prompt_column, results,
                                          rag=rag, prefix=job.input_column_prefix)
                     await asyncio.to_thread(writer.write_table, table.cast(schema))
                     self._count(results)

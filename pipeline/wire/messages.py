@@ -23,9 +23,9 @@ class Handoff(msgspec.Struct, tag="handoff"):
     ``row_key`` names the row in the run (:func:`pipeline.runtime.ids.row_key`).
     ``prefill_worker`` is the prefill worker's id and ``attempt`` the start time of its process: a
     decode worker that sees a newer attempt of a prefill worker drops what an older attempt left in
-    flight (the prefill worker was restarted and serves those rows again). Sampling other than
-    ``max_tokens`` is the run's ``job.sampling``, which the decode worker reads from the run's
-    config. Times are wall-clock seconds since the epoch
+    flight (the prefill worker was restarted and serves those rows again). ``sampling`` is the
+    row's :class:`~pipeline.config.SamplingConfig` as a dict (``job.sampling`` with the row's own
+    overrides), which the decode worker samples with. Times are wall-clock seconds since the epoch
     (``time.time()``).
     """
 
@@ -34,7 +34,7 @@ class Handoff(msgspec.Struct, tag="handoff"):
     prefill_worker: str
     attempt: float
     prompt_token_ids: list[int]
-    max_tokens: int
+    sampling: dict[str, Any]
     kv_transfer_params: dict[str, Any]
     prefill_done_at: float
 
@@ -59,6 +59,9 @@ class Result(msgspec.Struct, tag="result"):
     arrived_at: float
     token_times: list[float]
     retry: bool = False
+    stop_reason: Optional[str] = None
+    logprobs: Optional[list[list[tuple[int, float]]]] = None
+    cumulative_logprob: Optional[float] = None
 
 
 class Reserve(msgspec.Struct, tag="reserve"):

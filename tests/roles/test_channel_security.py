@@ -27,7 +27,7 @@ def _handoff(key: str) -> bytes:
     # No kv_transfer_params: the decode worker computes the prompt itself, so an accepted
     # request answers quickly.
     return encode(Handoff(row_key=key, request_id=f"row{key}", prefill_worker="test", attempt=1.0,
-                          prompt_token_ids=[1, 9690, 198, 28120], max_tokens=4, kv_transfer_params={},
+                          prompt_token_ids=[1, 9690, 198, 28120], sampling={"max_new_tokens": 4}, kv_transfer_params={},
                           prefill_done_at=time.time()))
 
 

@@ -10,7 +10,7 @@ from pipeline.wire.messages import Handoff, decode, encode
 
 def test_channel_round_trip_and_rejects_garbage():
     h = Handoff(row_key="0:1", request_id="row0:1", prefill_worker="prefill-0@h", attempt=1.0,
-                prompt_token_ids=[1, 2], max_tokens=4, kv_transfer_params={"remote_block_ids": [[1]]},
+                prompt_token_ids=[1, 2], sampling={"max_new_tokens": 4}, kv_transfer_params={"remote_block_ids": [[1]]},
                 prefill_done_at=1.5)
     assert decode(encode(h)) == h
     with pytest.raises(msgspec.DecodeError):

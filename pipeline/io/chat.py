@@ -1,0 +1,79 @@
+"""Chat input: a row's OpenAI-style ``messages`` (``job.messages_column``) -> prompt token ids,
+through the model's chat template."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pipeline.config import JobConfig
+
+ROLES = ("system", "developer", "user", "assistant", "tool")
+
+
+def _slot(i: int) -> str:
+    """Stands for turn ``i``'s content while the chat template is rendered; never in real text."""
+    return f"\uE000pd-pipeline-turn-{i}\uE001"
+
+
+def _content(turn: Any, i: int, column: str) -> str:
+    """The text of turn ``i``: a string, or OpenAI's list of ``{type: text, text}`` parts.
+
+    Raises:
+        ValueError: a turn that is not a ``{role, content}`` struct, an unknown role, null or
+            non-text content.
+    """
+    if not isinstance(turn, dict) or "role" not in turn or "content" not in turn:
+        raise ValueError(f"{column}[{i}] is {type(turn).__name__}, not a {{role, content}} struct")
+    if turn["role"] not in ROLES:
+        raise ValueError(f"{column}[{i}].role is {turn['role']!r}; known roles: {', '.join(ROLES)}")
+    content = turn["content"]
+    if isinstance(content, list):
+        try:
+            content = "".join(part["text"] for part in content if part.get("type", "text") == "text")
+        except (TypeError, KeyError, AttributeError):
+            raise ValueError(f"{column}[{i}].content: a list of parts that are not {{type: text, text}}") from None
+    if content is None:
+        raise ValueError(f"{column}[{i}].content is null")
+    if not isinstance(content, str):
+        raise ValueError(f"{column}[{i}].content is {type(content).__name__}, not a string")
+    return content
+
+
+def chat_token_ids(messages: Any, job: JobConfig, tokenizer: Any) -> list[int]:
+    """The prompt token ids of one row's ``messages`` (any number of turns; ``job.system_prompt``
+    is put first only when the row has no system turn), rendered with the model's chat template
+    and the assistant turn opened (``add_generation_prompt``). The template's own text is
+    tokenized with its special tokens; each turn's content with ``split_special_tokens``, so a
+    turn cannot open another turn by writing ``<|im_start|>``.
+
+    Raises:
+        ValueError: the value is not a non-empty list of ``{role, content}`` turns (see
+            :func:`_content`), or the model has no chat template, or the template refused it.
+    """
+    column = job.messages_column
+    if not isinstance(messages, list) or not messages:
+        raise ValueError(f"{column} is {'empty' if messages == [] else type(messages).__name__}, "
+                         f"not a list of {{role, content}} turns")
+    contents = [_content(turn, i, column) for i, turn in enumerate(messages)]
+    turns = [{"role": t["role"], "content": _slot(i)} for i, t in enumerate(messages)]
+    if job.system_prompt and not any(t["role"] == "system" for t in turns):
+        turns.insert(0, {"role": "system", "content": job.system_prompt})
+    if not getattr(tokenizer, "chat_template", None):
+        raise ValueError(f"{column}: the model has no chat template to render messages with")
+    try:
+        rendered = tokenizer.apply_chat_template(turns, add_generation_prompt=True, tokenize=False)
+    except Exception as exc:  # jinja raises its own types for what a template refuses
+        raise ValueError(f"{column}: the chat template refused the messages: {exc}") from None
+    ids: list[int] = []
+    rest = rendered
+    for i, content in enumerate(contents):
+        before, slot, rest = rest.partition(_slot(i))
+        if not slot:
+            raise ValueError(f"{column}[{i}]: the chat template dropped this turn")
+        ids += _ids(tokenizer, before) + _ids(tokenizer, content, split_special_tokens=True)
+    return ids + _ids(tokenizer, rest)
+
+
+def _ids(tokenizer: Any, text: str, **kw: Any) -> list[int]:
+    kw.setdefault("add_special_tokens", False)
+    return list(tokenizer(text, **kw)["input_ids"]) if text else []

@@ -1,0 +1,172 @@
+"""Chat input (``job.messages_column``), per-row sampling (``job.sampling_column``) and the
+sampling outputs (``stop_reason``, ``logprobs``, ``cumulative_logprob``), on real engines: one
+input, run colocated, disaggregated with NIXL push, and disaggregated with NIXL pull through the
+decode DRAM tier. Checked against independent sources: the colocated run (plain vLLM), the
+model's chat template applied by its tokenizer, a JSON Schema validator, the regex itself, and
+the sum of the chosen tokens' log-probabilities.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+
+import jsonschema
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from tests.conftest import Run, _run
+
+pytestmark = pytest.mark.e2e
+
+SYSTEM = "Be brief."
+SCHEMA = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 12},
+                                           "year": {"type": "integer"}},
+          "required": ["city", "year"], "additionalProperties": False}
+REGEX = "[0-9]{3}-[0-9]{4}"
+SAMPLING = pa.struct([("max_tokens", pa.int64()), ("temperature", pa.float64()), ("seed", pa.int64()),
+                      ("top_k", pa.int64()), ("min_p", pa.float64()), ("stop", pa.list_(pa.string())),
+                      ("logprobs", pa.int64()), ("json_schema", pa.string()), ("regex", pa.string()),
+                      ("choice", pa.list_(pa.string())), ("min_tokens", pa.int64()),
+                      ("ignore_eos", pa.bool_()), ("bogus", pa.int64())])
+
+
+def _user(text: str) -> list[dict]:
+    return [{"role": "user", "content": text}]
+
+
+ROWS = [  # id, messages, sampling overrides
+    ("greedy", [{"role": "system", "content": "You answer in one sentence."},
+                {"role": "user", "content": "What does a lighthouse do?"}], None),
+    ("multi-turn", [{"role": "user", "content": "Name a fruit."}, {"role": "assistant", "content": "An apple."},
+                    {"role": "user", "content": "And a vegetable?"}], None),
+    ("stop-period", _user("Describe a river in three sentences."), {"stop": ["."], "max_tokens": 48}),
+    ("stop-comma", _user("List five colours, separated by commas."), {"stop": [","], "max_tokens": 48}),
+    ("logprobs", _user("Say hello."), {"logprobs": 3}),
+    ("seeded", _user("Write a line about the sea."), {"temperature": 0.8, "seed": 1234, "top_k": 20, "min_p": 0.05}),
+    ("choice", _user("Is water wet? Answer yes or no."), {"choice": ["yes", "no"]}),
+    ("regex", _user("Give me a phone number."), {"regex": REGEX}),
+    ("json", _user("Give a city and the year it was founded, as JSON."), {"json_schema": json.dumps(SCHEMA), "max_tokens": 64}),
+    ("ignore-eos", _user("Hi."), {"min_tokens": 10, "ignore_eos": True, "max_tokens": 12}),
+    ("bad-field", _user("Hi."), {"bogus": 1}),
+    ("bad-range", _user("Hi."), {"temperature": -1.0}),
+    ("bad-role", [{"role": "wizard", "content": "Hi."}], None),
+    ("null-content", [{"role": "user", "content": None}], None),
+    ("no-turns", [], None),
+]
+COMMON = ["job.messages_column=messages", f"job.system_prompt='{SYSTEM}'", "job.sampling.max_new_tokens=24"]
+
+
+@pytest.fixture(scope="module")
+def chat_input(tmp_path_factory):
+    d = tmp_path_factory.mktemp("chat") / "input"
+    d.mkdir()
+    sampling = pa.array([s for _, _, s in ROWS], SAMPLING)
+    pq.write_table(pa.table({"id": [i for i, _, _ in ROWS],
+                             "messages": pa.array([m for _, m, _ in ROWS],
+                                                  pa.list_(pa.struct([("role", pa.string()), ("content", pa.string())]))),
+                             "sampling_params": sampling}), d / "chat.parquet")
+    return d
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory, chat_input) -> dict[str, Run]:
+    return {
+        "colocated": _run(tmp_path_factory, "chat-colocated", "pools=colocated", *COMMON, input_url=str(chat_input)),
+        "push": _run(tmp_path_factory, "chat-push", "pools=disaggregated", "transport=nixl_push", *COMMON,
+                     input_url=str(chat_input)),
+        "pull-dram": _run(tmp_path_factory, "chat-pull-dram", "pools=disaggregated", "transport=nixl_pull",
+                          "offload=dram", "offload.dram_gib=1", *COMMON, input_url=str(chat_input)),
+    }
+
+
+def _rows(run: Run) -> dict[str, dict]:
+    return {r["id"]: r for r in run.rows("chat.parquet")}
+
+
+def test_every_row_once_and_disaggregated_equals_colocated(runs):
+    base = _rows(runs["colocated"])
+    assert list(base) == [i for i, _, _ in ROWS]
+    for mode in ("push", "pull-dram"):
+        rows = _rows(runs[mode])
+        assert list(rows) == list(base)
+        for key, r in rows.items():
+            # Greedy rows and the seeded sampled row alike: a per-request seed does not depend on
+            # the batch, and decode samples every token in both modes.
+            assert r["generation_token_ids"] == base[key]["generation_token_ids"], (mode, key)
+            assert (r["error"], r["finish_reason"], r["stop_reason"]) == (
+                base[key]["error"], base[key]["finish_reason"], base[key]["stop_reason"]), (mode, key)
+            assert r["decode_worker"] is not None or r["error"], (mode, key)
+
+
+def test_messages_rendered_with_the_models_chat_template(runs):
+    from pipeline.config import compose
+    from pipeline.engine.model import load_tokenizer
+
+    tok = load_tokenizer(compose(["+job=summarize"]))
+    rows = _rows(runs["colocated"])
+    for key, messages, _ in ROWS[:2]:
+        turns = messages if any(m["role"] == "system" for m in messages) else [
+            {"role": "system", "content": SYSTEM}, *messages]
+        want = tok.apply_chat_template(turns, add_generation_prompt=True, tokenize=True)
+        want = want["input_ids"] if hasattr(want, "keys") else want
+        assert rows[key]["prompt_tokens"] == len(want), key
+        assert rows[key]["error"] is None and rows[key]["generation"]
+
+
+def test_malformed_rows_and_bad_sampling_are_error_rows(runs):
+    rows = _rows(runs["push"])
+    assert "sampling_params.bogus: unknown sampling field" in rows["bad-field"]["error"]
+    assert "sampling_params.temperature: must be >= 0" in rows["bad-range"]["error"]
+    assert "role is 'wizard'" in rows["bad-role"]["error"]
+    assert "content is null" in rows["null-content"]["error"]
+    assert "empty" in rows["no-turns"]["error"]
+    for key in ("bad-field", "bad-range", "bad-role", "null-content", "no-turns"):
+        assert rows[key]["generation"] is None
+
+
+def test_stop_strings_end_the_row_and_are_not_output(runs):
+    rows = _rows(runs["push"])
+    stopped = 0
+    for key, stop in (("stop-period", "."), ("stop-comma", ",")):
+        r = rows[key]
+        assert stop not in r["generation"]
+        assert r["stop_reason"] in (stop, None)
+        if r["stop_reason"] == stop:
+            stopped += 1
+            assert r["finish_reason"] == "stop"
+    assert stopped >= 1
+    assert rows["greedy"]["stop_reason"] is None
+
+
+def test_structured_outputs_follow_their_constraint(runs):
+    for run in runs.values():
+        rows = _rows(run)
+        assert rows["choice"]["generation"] in ("yes", "no")
+        assert re.fullmatch(REGEX, rows["regex"]["generation"])
+        jsonschema.validate(json.loads(rows["json"]["generation"]), SCHEMA)
+
+
+def test_logprobs_and_their_sum(runs):
+    for run in runs.values():
+        r = _rows(run)["logprobs"]
+        steps = r["logprobs"]
+        assert len(steps) == r["output_tokens"] == len(r["generation_token_ids"])
+        chosen = []
+        for token, step in zip(r["generation_token_ids"], step_list := steps):
+            assert 3 <= len(step) <= 4  # the top 3, and the chosen token when it is not among them
+            assert [s["logprob"] for s in step] == sorted((s["logprob"] for s in step), reverse=True)
+            chosen.append(next(s["logprob"] for s in step if s["token_id"] == token))
+        assert len(step_list) == len(chosen)
+        # Greedy: the chosen token is the most likely one.
+        assert all(step[0]["token_id"] == t for step, t in zip(steps, r["generation_token_ids"]))
+        assert math.isclose(r["cumulative_logprob"], sum(chosen), rel_tol=1e-4, abs_tol=1e-3)
+        assert _rows(run)["greedy"]["logprobs"] is None
+
+
+def test_min_tokens_and_ignore_eos(runs):
+    for run in runs.values():
+        r = _rows(run)["ignore-eos"]
+        assert r["output_tokens"] == 12 and r["finish_reason"] == "length"
