@@ -5,13 +5,16 @@ whether to disaggregate at all.
 --output-tokens 256 --rate 2.0`` prints the predictions, the recommendation and the Hydra
 overrides that run it (``--json`` for machine output; ``--input DIR`` counts the prompt tokens of
 a Parquet dataset with the model's tokenizer; ``--calibrate RUN_DIR`` fits the ``cpu`` profile to
-a finished run).
+a finished run; ``--kv-cache-dtype`` sizes the KV cache; ``--batch-rows`` is the pipeline's
+``job.batch_rows``; ``--device-hour-price`` prices each option per million output tokens).
 
 The model (all quantities per request unless said otherwise; one *worker* is ``tp`` devices):
 
-- KV bytes per token ``k = 2 x layers x KV heads x head dim x bytes per element``
-  (:mod:`pipeline.engine.kv_layout`); a request moves ``k x prompt tokens`` bytes from prefill to
-  decode in ``T = bytes / (tp x link bandwidth)`` seconds.
+- KV bytes per token ``k = 2 x layers x KV heads x head dim x bytes per element`` of the KV cache
+  dtype (``auto``: the model's; fp8: 1 byte; :mod:`pipeline.engine.kv_layout`); a request moves
+  ``k x prompt tokens`` bytes from prefill to decode in ``T = bytes / (tp x link bandwidth)``
+  seconds, and its hand-off takes ``H = T +`` the hardware's ``handoff_s`` (0 for the presets,
+  fitted by calibration).
 - Prefill FLOPs ``F(L) = 2 N L + 2 n_layer L^2 d_attn`` for an ``L``-token prompt, ``N`` the
   non-embedding parameters and ``d_attn`` = heads x head dim. Kaplan et al. 2020, "Scaling Laws
   for Neural Language Models", Table 1: forward FLOPs per token ``2N + 2 n_layer n_ctx d_attn``;
@@ -19,7 +22,7 @@ The model (all quantities per request unless said otherwise; one *worker* is ``t
   QK^T and AV) this is ``2 n_layer L^2 d_attn``. The LM head runs on the last token only (vLLM),
   so it is left out. Prefill time ``S = F / (tp x peak FLOP/s x MFU)`` (compute bound; see also
   kipply, "Transformer Inference Arithmetic", 2022).
-- TTFT ``= Wq + S (+ T when disaggregated)``, ``Wq`` the M/G/1 wait of one prefill worker fed
+- TTFT ``= Wq + S (+ H when disaggregated)``, ``Wq`` the M/G/1 wait of one prefill worker fed
   ``rate / x`` requests/s (Pollaczek-Khinchine): ``Wq = lambda E[S^2] / (2 (1 - rho))``,
   ``rho = lambda E[S]``. With one prompt length the service is deterministic and this is the
   M/D/1 wait ``rho / (2 mu (1 - rho))``, ``mu = 1 / S``.
@@ -51,7 +54,11 @@ loading; ``Wq`` the Erlang C wait of an M/M/c queue) plus the sequences swapped 
 A batch job (a request count, no rate) has no arrival process: every request is there at the
 start and the pools run as fast as they can. ``--workers G`` (default 2, the pipeline's 1P:1D)
 are split into the xP:yD with the shortest makespan and compared with G colocated workers (see
-:func:`pipeline.plan.predict.predict` for the makespan of each).
+:func:`pipeline.plan.predict.predict` for the makespan of each). Each worker keeps ``job.batch_rows``
+rows in flight, which sets the batch's TTFT (:func:`pipeline.plan.queueing.batch_ttft`).
+
+Cost (:mod:`pipeline.plan.price`): devices x price per device-hour = price per hour; per million
+output tokens ``price per hour / (output tokens/s x 3600) x 1e6``.
 
 Modules (import a name from the one that owns it; this package re-exports nothing):
 
@@ -60,9 +67,10 @@ Modules (import a name from the one that owns it; this package re-exports nothin
 - :mod:`~pipeline.plan.model`: :class:`ModelShape`, model presets, :func:`load_model`.
 - :mod:`~pipeline.plan.workload`: :class:`Workload`, explicit or counted from a Parquet dataset.
 - :mod:`~pipeline.plan.costs`: per-request FLOPs and seconds, the decode roofline, KV capacity.
-- :mod:`~pipeline.plan.queueing`: M/D/1, M/G/1 and M/M/c (Erlang C) waits.
+- :mod:`~pipeline.plan.queueing`: M/D/1, M/G/1 and M/M/c (Erlang C) waits; a batch's TTFT.
 - :mod:`~pipeline.plan.predict`: :class:`Prediction` of one pool configuration.
 - :mod:`~pipeline.plan.dram`: the decode host-DRAM KV tier, :class:`DramTier`.
+- :mod:`~pipeline.plan.price`: cost per million output tokens of each option.
 - :mod:`~pipeline.plan.recommend`: :func:`plan`, the split and the recommendation.
 - :mod:`~pipeline.plan.calibrate`: fit the ``cpu`` profile to a finished run.
 - :mod:`~pipeline.plan.format`: the readable report.

@@ -99,30 +99,115 @@ def _union(intervals: list[tuple[float, float]]) -> float:
     return total
 
 
+def run_dir_of(run_or_output: str | os.PathLike) -> Path | None:
+    """The run directory of a run or output directory: the directory itself when it holds request
+    metrics, else where its ``config.yaml`` is; None when neither."""
+    if (Path(run_or_output) / "metrics" / "requests").is_dir():
+        return Path(run_or_output)
+    _, cfg_path = _output_dir(run_or_output)
+    return cfg_path.parent if cfg_path is not None else None
+
+
+def batch_rows_of_run(run_or_output: str | os.PathLike) -> int | None:
+    """The run's ``job.batch_rows`` (rows in flight per prefill or colocated worker), from its
+    ``config.yaml``; None without one."""
+    _, cfg_path = _output_dir(run_or_output)
+    if cfg_path is None:
+        return None
+    from pipeline.config import from_yaml
+
+    return int(from_yaml(cfg_path).job.batch_rows)
+
+
+def timed_rows(run_or_output: str | os.PathLike) -> list[dict]:
+    """The timings of a run's good rows, each ``{p, o, ps, pe, t1, tn, hand, pg, dg}``: prompt and
+    output tokens; prefill start and end, first and last token (seconds on the clock of its
+    group); hand-off seconds (None when colocated); ``pg`` / ``dg`` the groups whose rows share
+    a clock and a prefill / decode engine.
+
+    From the run's request metrics (``RUN_DIR/metrics/requests``, epoch seconds: every row is on
+    one clock, grouped by its prefill and its decode worker) when it has them, else from the
+    output shards (``queue_s`` ... ``kv_handoff_s``, seconds from its shard being read: each
+    shard is its own group).
+
+    Raises:
+        FileNotFoundError: no output shards (and no request metrics).
+    """
+    rows = _metric_rows(run_dir_of(run_or_output))
+    if rows:
+        return rows
+    out = []
+    for g, shard in enumerate(read_run(run_or_output)):
+        for r in shard:
+            if r.get("ttft_s") is None:
+                continue
+            ps, t1 = r["queue_s"], r["queue_s"] + r["ttft_s"]
+            out.append(dict(p=r["prompt_tokens"], o=r["output_tokens"], ps=ps, pe=ps + r["prefill_s"], t1=t1,
+                            tn=t1 + (r.get("decode_s") or 0.0), hand=r.get("kv_handoff_s"), pg=g, dg=g))
+    return out
+
+
+def _metric_rows(run_dir: Path | None) -> list[dict]:
+    if run_dir is None or not (run_dir / "metrics" / "requests").is_dir():
+        return []
+    from pipeline.io.metrics import read_request_metrics
+
+    try:
+        table = read_request_metrics(run_dir)
+    except Exception:  # metrics of another schema version: use the output shards
+        return []
+    out = []
+    for r in table.to_pylist():
+        times = r.get("token_times") or []
+        if r.get("error") or not times or not r.get("prompt_tokens") or r.get("prefill_start") is None:
+            continue
+        pe = r["prefill_end"] if r.get("prefill_end") is not None else times[0]
+        disagg = r.get("decode_worker") is not None
+        out.append(dict(p=r["prompt_tokens"], o=r["output_tokens"], ps=r["prefill_start"], pe=pe, t1=times[0],
+                        tn=times[-1], hand=times[0] - pe if disagg else None, pg=r["prefill_worker"],
+                        dg=r["decode_worker"] if disagg else r["prefill_worker"]))
+    return out
+
+
+def _groups(rows: list[dict], key: str) -> list[list[dict]]:
+    by: dict = {}
+    for r in rows:
+        by.setdefault(r[key], []).append(r)
+    return list(by.values())
+
+
 def calibrate(run_or_output: str | os.PathLike, model: ModelShape | None = None,
               base: Hardware | str = "cpu") -> Hardware:
-    """Fit ``base`` (the ``cpu`` profile) to a finished run: effective FLOP/s, memory bandwidth
-    and link bandwidth, returned with ``mfu = mbu = 1`` so they are used as measured.
+    """Fit ``base`` (the ``cpu`` profile) to a finished run: effective FLOP/s, memory bandwidth,
+    link bandwidth and hand-off latency, returned with ``mfu = mbu = 1`` so they are used as
+    measured.
 
-    Reads the output shards (``prompt_tokens``, ``output_tokens``, ``queue_s``, ``prefill_s``,
-    ``ttft_s``, ``decode_s``, ``kv_handoff_s``; :mod:`pipeline.io.output`). Times of one shard
-    share an origin (the shard being read): a row is in prefill over ``[queue_s, queue_s +
-    prefill_s]``, decodes over ``[queue_s + ttft_s, + decode_s]`` and hands off over
-    ``[queue_s + prefill_s, + kv_handoff_s]``. Rows prefilled together share the engine, so:
+    Reads each good row's timings (:func:`timed_rows`): from the run's request metrics, where all
+    rows share one clock and are grouped by the worker that served them, else from the output
+    shards, where each shard has its own clock (the shard being read) and is its own group. A row
+    is in prefill over ``[prefill start, prefill end]``, hands off over ``[prefill end, first
+    token]`` and decodes over ``[first token, last token]``. Rows of a group prefilled together
+    share the engine, so:
 
-    - FLOP/s = sum of :func:`prefill_flops` / sum over shards of the union of prefill intervals;
-    - memory bytes/s = sum over rows of ``steps x bytes per step`` / sum of ``decode_s``, with
+    - FLOP/s = sum of :func:`prefill_flops` / sum over prefill groups of the union of prefill
+      intervals (the engine's busy time: a row waiting in the engine waits for other rows'
+      prefill);
+    - memory bytes/s = sum over rows of ``steps x bytes per step`` / sum of decode seconds, with
       ``steps = output_tokens - 1`` and bytes per step = weights + the KV (``k x (p + o/2)``) of
-      every row of the shard decoding alongside, weighted by the time it overlaps;
-    - link bytes/s = sum of ``k x prompt_tokens`` / sum over shards of the union of hand-off
-      intervals (disaggregated runs only; otherwise ``base``'s).
+      every row of the decode group decoding alongside, weighted by the time it overlaps;
+    - link bytes/s = sum of ``k x prompt_tokens`` / sum over prefill groups of the union of
+      hand-off intervals (disaggregated runs only; otherwise ``base``'s): what the hand-offs move
+      per second of hand-off, the rate that loads the link;
+    - hand-off latency ``handoff_s`` = mean over rows of (hand-off seconds - ``k x p / link``):
+      what a hand-off takes beyond moving its bytes (messages, decode scheduling, waiting for the
+      prefill engine's step boundary), which TTFT pays and the link's load does not.
 
-    Rows of different shards are taken not to overlap (the output has no common clock), which
-    makes the fit conservative when a worker serves several shards at once. Per-step overheads
-    (Python, scheduling, hand-off messages) are folded into the fitted rates. The rates are per
-    worker as that run placed them: the local launcher splits the cores among the workers (a
-    1P:1D run on 2 cores gives each one core, a colocated x1 run both), so calibrate from a run
-    laid out like the one to predict.
+    Output shards alone (no metrics) make the fit conservative when a worker serves several
+    shards at once: rows of different shards are taken not to overlap. Per-step overheads
+    (Python, scheduling) are folded into the fitted rates. The rates are per worker as that run
+    placed them: the local launcher splits the cores among the workers (a 1P:1D run on 2 cores
+    gives each one core, a colocated x1 run both), so calibrate from a run laid out like the one
+    to predict.
 
     ``model`` defaults to the run's (its ``config.yaml``).
 
@@ -132,30 +217,23 @@ def calibrate(run_or_output: str | os.PathLike, model: ModelShape | None = None,
     """
     base = hardware(base) if isinstance(base, str) else base
     model = model or model_of_run(run_or_output)
-    shards = read_run(run_or_output)
+    rows = timed_rows(run_or_output)
     k = model.kv_bytes_per_token
-    flops = prefill_busy = 0.0
+    flops = sum(prefill_flops(model, r["p"]) for r in rows)
+    prefill_busy = sum(_union([(r["ps"], r["pe"]) for r in g]) for g in _groups(rows, "pg"))
     dec_bytes = dec_time = 0.0
-    kv_moved = handoff_busy = 0.0
-    for rows in shards:
-        if not rows:
-            continue
-        flops += sum(prefill_flops(model, r["prompt_tokens"]) for r in rows)
-        prefill_busy += _union([(r["queue_s"], r["queue_s"] + r["prefill_s"]) for r in rows])
-        dec = [(r["queue_s"] + r["ttft_s"], r["queue_s"] + r["ttft_s"] + r["decode_s"],
-                k * (r["prompt_tokens"] + r["output_tokens"] / 2), r)
-               for r in rows if r.get("ttft_s") is not None and r.get("decode_s") and r["output_tokens"] >= 2]
+    for g in _groups(rows, "dg"):
+        dec = [(r["t1"], r["tn"], k * (r["p"] + r["o"] / 2), r) for r in g if r["o"] >= 2 and r["tn"] > r["t1"]]
         for a, b, _, r in dec:
             kv = sum(kvj * max(0.0, min(b, bj) - max(a, aj)) / (b - a) for aj, bj, kvj, _ in dec)
-            dec_bytes += (r["output_tokens"] - 1) * (model.weight_bytes + kv)
-            dec_time += r["decode_s"]
-        hand = [r for r in rows if r.get("kv_handoff_s") is not None]
-        if hand:
-            kv_moved += sum(k * r["prompt_tokens"] for r in hand)
-            handoff_busy += _union([(r["queue_s"] + r["prefill_s"], r["queue_s"] + r["prefill_s"] + r["kv_handoff_s"])
-                                    for r in hand])
+            dec_bytes += (r["o"] - 1) * (model.weight_bytes + kv)
+            dec_time += b - a
+    hand = [r for r in rows if r["hand"] is not None]
+    kv_moved = sum(k * r["p"] for r in hand)
+    handoff_busy = sum(_union([(r["pe"], r["pe"] + r["hand"]) for r in g]) for g in _groups(hand, "pg"))
     if prefill_busy <= 0 or dec_time <= 0:
         raise ValueError(f"{run_or_output}: no rows with prefill and decode timings to calibrate from")
+    link = kv_moved / handoff_busy if handoff_busy > 0 else base.link_bw
+    latency = max(0.0, sum(r["hand"] - k * r["p"] / link for r in hand) / len(hand)) if hand else base.handoff_s
     return replace(base, name=f"{base.name} calibrated on {run_or_output}", peak_flops=flops / prefill_busy,
-                   mfu=1.0, mem_bw=dec_bytes / dec_time, mbu=1.0,
-                   link_bw=kv_moved / handoff_busy if handoff_busy > 0 else base.link_bw)
+                   mfu=1.0, mem_bw=dec_bytes / dec_time, mbu=1.0, link_bw=link, handoff_s=latency)

@@ -8,10 +8,11 @@ import sys
 from dataclasses import replace
 
 import pipeline.plan
-from pipeline.plan.calibrate import calibrate, model_of_run, workload_from_run
+from pipeline.plan.calibrate import batch_rows_of_run, calibrate, model_of_run, workload_from_run
 from pipeline.plan.format import format_plan
 from pipeline.plan.hardware import HARDWARE, hardware
-from pipeline.plan.model import load_model
+from pipeline.plan.model import KV_CACHE_DTYPES, load_model
+from pipeline.plan.price import option_costs
 from pipeline.plan.recommend import plan
 from pipeline.plan.units import GB, GIB
 from pipeline.plan.workload import workload, workload_from_input
@@ -46,6 +47,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tp", type=int, help="devices per worker (default: fewest that hold the weights twice)")
     ap.add_argument("--workers", type=int, default=2, help="workers (each --tp devices) to split for a batch job (default 2)")
     ap.add_argument("--dtype", help="weight/KV dtype (default: the model's)")
+    ap.add_argument("--kv-cache-dtype", default="auto", help="KV cache dtype, vLLM's names: auto (the model's "
+                    f"dtype), {', '.join(KV_CACHE_DTYPES)} (fp8: 1 byte per element)")
+    ap.add_argument("--batch-rows", type=int, help="batch job: rows in flight per prefill or colocated worker "
+                    "(the pipeline's job.batch_rows; default: the calibrated run's, else 16)")
+    ap.add_argument("--device-hour-price", type=float, metavar="PRICE", help="price of one device per hour "
+                    "(any currency): prints each option's cost per million output tokens")
+    ap.add_argument("--prefill-device-hour-price", type=float, metavar="PRICE",
+                    help="price of a prefill device per hour (default: --device-hour-price)")
+    ap.add_argument("--decode-device-hour-price", type=float, metavar="PRICE",
+                    help="price of a decode device per hour (default: --device-hour-price)")
     ap.add_argument("--dram-tier", action="store_true", help="size the decode workers' host-DRAM KV tier "
                     "for the disaggregated split")
     ap.add_argument("--dram-headroom", type=float, help="DRAM tier: factor over the mean requests in DRAM "
@@ -65,6 +76,10 @@ def main(argv: list[str] | None = None) -> int:
         else:
             model = load_model(args.model or "smollm2-135m", args.dtype)
             hw = hardware(args.hardware or "h100")
+        model = replace(model, kv_cache_dtype=args.kv_cache_dtype)
+        if args.batch_rows is not None and args.batch_rows < 1:
+            raise ValueError(f"--batch-rows must be >= 1, got {args.batch_rows}")
+        batch_rows = args.batch_rows or (batch_rows_of_run(args.calibrate) if args.calibrate else None) or 16
         if args.node_dram is not None or args.h2d_bw is not None:
             if args.node_dram is not None and not args.node_dram > 0:
                 raise ValueError(f"--node-dram must be > 0 GiB, got {args.node_dram}")
@@ -93,7 +108,9 @@ def main(argv: list[str] | None = None) -> int:
         else:
             raise ValueError("give --prompt-tokens and --output-tokens, or --input, or --calibrate")
         result = plan(model, hw, wl, target_util=args.target_util, itl_target_s=args.itl_target,
-                      tp=args.tp, workers=args.workers, dram_headroom=headroom)
+                      tp=args.tp, workers=args.workers, dram_headroom=headroom, rows_in_flight=batch_rows)
+        result.costs = option_costs([result.disaggregated, result.colocated], args.device_hour_price,
+                                    args.prefill_device_hour_price, args.decode_device_hour_price)
     except (ValueError, FileNotFoundError) as exc:
         print(f"error: {str(exc).splitlines()[0]}", file=sys.stderr)
         return 2

@@ -23,11 +23,15 @@ def format_plan(p: Plan) -> str:
         f"hardware   {hw.name}: {hw.peak_flops / 1e12:.4g} TFLOP/s x MFU {hw.mfu:g}, "
         f"{hw.mem_bw / GB:.4g} GB/s x MBU {hw.mbu:g}, "
         + (f"KV space {hw.kv_cache_bytes / GIB:.3g} GiB" if hw.kv_cache_bytes is not None
-           else f"{hw.memory_bytes / GB:.4g} GB") + f", link {hw.link_bw / GB:.4g} GB/s; {tp} per worker",
+           else f"{hw.memory_bytes / GB:.4g} GB") + f", link {hw.link_bw / GB:.4g} GB/s"
+        + (f" + {secs(hw.handoff_s)} per hand-off" if hw.handoff_s else "") + f"; {tp} per worker",
         f"workload   {wl.source}: " + (f"{wl.rate:g} requests/s" if wl.rate is not None else f"batch of {wl.count}")
         + (f", {wl.count} requests" if wl.rate is not None and wl.count else "")
         + f"; prompt mean {wl.mean_prompt:.0f} tokens (p99 {wl.p99_prompt}), output mean {wl.mean_output:.0f}",
-        f"KV cache   {m.kv_bytes_per_token / 1024:.4g} KiB/token; {p.colocated.kv_bytes / GIB:.3g} GiB per mean prompt; "
+        f"KV cache   {m.kv_bytes_per_token / 1024:.4g} KiB/token (KV cache dtype {m.kv_cache_dtype}"
+        + (f" = {m.kv_dtype}" if m.kv_cache_dtype != m.kv_dtype else "")
+        + f", {_plural(m.kv_bytes_per_token // (2 * m.layers * m.kv_heads * m.head_dim), 'byte')} per element); "
+        f"{p.colocated.kv_bytes / GIB:.3g} GiB per mean prompt; "
         f"{secs(kv_transfer_time(p.colocated.kv_bytes, hw, tp))} to move over {tp} x {hw.link_bw / GB:.3g} GB/s",
         f"prefill    {secs(p.colocated.prefill_s)} per mean prompt, {secs(p.colocated.prefill_p99_s)} for the p99 one "
         f"({prefill_flops(m, wl.mean_prompt):.3g} FLOPs)",
@@ -45,6 +49,7 @@ def format_plan(p: Plan) -> str:
         ("running per worker", lambda c: f"{c.running:.3g}"),
         ("queue wait", lambda c: secs(c.queue_wait_s)),
         ("TTFT mean", lambda c: secs(c.ttft_s)),
+        *([("TTFT p50", lambda c: secs(c.ttft_p50_s))] if p.colocated.ttft_p50_s is not None else []),
         ("ITL mean", lambda c: secs(c.itl_s)),
         ("ITL worst", lambda c: secs(c.itl_worst_s)),
         ("gaps with a prefill", lambda c: f"{c.stall_fraction:.2%}" if c.mode == "colocated" else "-"),
@@ -55,12 +60,23 @@ def format_plan(p: Plan) -> str:
     for label, fn in rows:
         lines.append(f"{label:22}" + "".join(f"{fn(c):>{width}}" for _, c in cols))
     lines += ["", f"target utilisation {p.target_util:g}, ITL target {secs(p.itl_target_s)}",
-              f"recommendation: {p.recommendation} ({p.reason})",
-              f"overrides: {p.overrides}"]
+              f"recommendation: {p.recommendation} ({p.reason})"]
+    lines += [f"cost: {c.option}: " + (f"{c.prefill_devices} prefill + {c.decode_devices} decode" if c.decode_devices
+                                       else f"{c.prefill_devices}") + f" devices, {c.price_per_hour:.4g}/hour at "
+              f"{c.output_tokens_per_s:.4g} output tokens/s = {c.per_million_output_tokens:.3g} per million output tokens"
+              for c in p.costs]
+    lines += [f"overrides: {p.overrides}"]
     lines += [f"note: {n}" for n in p.notes]
+    if p.colocated.rows_in_flight is not None and wl.rate is None:
+        lines.append(f"note: {p.colocated.rows_in_flight} rows in flight per prefill or colocated worker "
+                     f"(--batch-rows, the pipeline's job.batch_rows)")
     if p.dram is not None:
         lines += ["", format_dram(p.dram, m, hw, wl)]
     return "\n".join(lines)
+
+
+def _plural(n: int, word: str) -> str:
+    return f"{n} {word}{'' if n == 1 else 's'}"
 
 
 def _gib(nbytes: float) -> str:

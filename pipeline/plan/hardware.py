@@ -17,7 +17,9 @@ class Hardware:
     decode). ``mem_fraction`` is vLLM's ``gpu_memory_utilization``; ``kv_cache_bytes`` when set
     is a fixed KV cache per worker (vLLM CPU: ``VLLM_CPU_KVCACHE_SPACE``) instead of memory left
     after the weights. ``max_batch`` is vLLM's ``max_num_seqs`` (128: the scheduler default for
-    the ``AsyncLLM`` engines the pipeline starts, vLLM 0.32).
+    the ``AsyncLLM`` engines the pipeline starts, vLLM 0.32). ``handoff_s`` is the seconds a KV
+    hand-off takes beyond moving its bytes (messages, decode scheduling, waiting for the prefill
+    engine's step boundary): 0 in the presets, fitted by :func:`~pipeline.plan.calibrate.calibrate`.
 
     The decode host-DRAM tier (:func:`pipeline.plan.dram.dram_tier`) also uses: ``h2d_bw``,
     bytes/s from host DRAM into one device's memory (each of a worker's ``tp`` devices loads its
@@ -39,6 +41,7 @@ class Hardware:
     h2d_bw: float = 55 * GB
     node_devices: int = 8
     node_dram_bytes: float | None = None
+    handoff_s: float = 0.0
 
 
 HARDWARE: dict[str, Hardware] = {

@@ -10,14 +10,23 @@ from typing import Any
 
 from pipeline.engine.kv_layout import DTYPE_BYTES, kv_bytes_per_token
 
+# vLLM 0.32's ``--kv-cache-dtype`` names (``CacheConfig.cache_dtype``) whose KV is one plain
+# element per value, and that element's type (a key of DTYPE_BYTES). ``auto`` is the model's
+# dtype. The fp8 names store one byte per element (vLLM: uint8 / float8_e4m3fn); the formats
+# with per-token scales or packed 4-bit values are not modelled.
+KV_CACHE_DTYPES = {"float16": "float16", "bfloat16": "bfloat16", "fp8": "fp8", "fp8_e4m3": "float8_e4m3fn",
+                   "fp8_e5m2": "float8_e5m2", "fp8_inc": "float8_e4m3fn"}
+
 
 @dataclass(frozen=True)
 class ModelShape:
     """What the planner needs of a decoder-only transformer (Llama-style, gated MLP).
 
     ``params`` is the total parameter count (weights read per decode step); ``dtype`` the weight
-    and KV element type (a key of :data:`pipeline.engine.kv_layout.DTYPE_BYTES`); ``path`` the
-    model directory when there is one (for its tokenizer).
+    element type (a key of :data:`pipeline.engine.kv_layout.DTYPE_BYTES`); ``kv_cache_dtype`` the
+    KV cache's, by vLLM's name (``auto``: the same as the weights; ``fp8``, ``fp8_e4m3``,
+    ``fp8_e5m2``, ``fp8_inc``: 1 byte; see :data:`KV_CACHE_DTYPES`); ``path`` the model directory
+    when there is one (for its tokenizer).
     """
 
     name: str
@@ -31,11 +40,23 @@ class ModelShape:
     dtype: str = "bfloat16"
     tied_embeddings: bool = False
     path: str | None = None
+    kv_cache_dtype: str = "auto"
+
+    def __post_init__(self) -> None:
+        if self.kv_cache_dtype != "auto" and self.kv_cache_dtype not in KV_CACHE_DTYPES:
+            raise ValueError(f"unknown or unmodelled KV cache dtype {self.kv_cache_dtype!r}; "
+                             f"known: auto, {', '.join(KV_CACHE_DTYPES)}")
+
+    @property
+    def kv_dtype(self) -> str:
+        """The KV cache's element type (a key of DTYPE_BYTES): the weights' for ``auto``."""
+        return self.dtype if self.kv_cache_dtype == "auto" else KV_CACHE_DTYPES[self.kv_cache_dtype]
 
     @property
     def kv_bytes_per_token(self) -> int:
-        """KV bytes per token, all layers, K and V (:func:`pipeline.engine.kv_layout.kv_bytes_per_token`)."""
-        return kv_bytes_per_token(self.layers, self.kv_heads, self.head_dim, self.dtype)
+        """KV bytes per token, all layers, K and V: ``2 x layers x KV heads x head dim x bytes of
+        the KV cache dtype`` (:func:`pipeline.engine.kv_layout.kv_bytes_per_token`)."""
+        return kv_bytes_per_token(self.layers, self.kv_heads, self.head_dim, self.kv_dtype)
 
     @property
     def weight_bytes(self) -> float:

@@ -10,7 +10,7 @@ from pipeline.plan.costs import (auto_tp, decode_concurrency, decode_step_time, 
                                  prefill_time)
 from pipeline.plan.hardware import Hardware
 from pipeline.plan.model import ModelShape
-from pipeline.plan.queueing import mg1_wait
+from pipeline.plan.queueing import batch_ttft, mg1_wait
 from pipeline.plan.units import GIB
 from pipeline.plan.workload import Workload
 
@@ -22,8 +22,10 @@ class Prediction:
 
     ``decode_workers`` is 0 when colocated (``prefill_workers`` then counts the colocated
     workers). ``throughput`` is the arrival rate served, or for a batch ``count / makespan``.
-    ``queue_wait_s`` is the mean wait for a prefill worker (a batch: the mean wait of a FIFO
-    batch, ``(count / workers - 1) / 2 x E[S]``); ``ttft_s`` adds the prefill (and hand-off).
+    ``queue_wait_s`` is the mean wait for a prefill worker (a batch: ``ttft_s`` less the prefill
+    and hand-off); ``ttft_s`` adds the prefill (and hand-off); ``ttft_p50_s`` is the median TTFT
+    of a batch (``None`` with a rate). ``rows_in_flight`` is the batch's rows in flight per
+    prefill (or colocated) worker (``None``: unbounded).
     ``running`` is the concurrency per decode (or colocated) worker; ``itl_s`` the mean
     inter-token gap, ``itl_worst_s`` the longest (colocated: one p99 prefill inside a gap);
     ``stall_fraction`` the share of a colocated worker's gaps that hold a prefill.
@@ -49,6 +51,8 @@ class Prediction:
     stall_fraction: float
     output_tokens_per_s: float
     makespan_s: float | None = None
+    ttft_p50_s: float | None = None
+    rows_in_flight: int | None = None
 
     @property
     def overrides(self) -> str:
@@ -65,21 +69,25 @@ class Prediction:
 @dataclass
 class PrefillSide:
     """A workload's prefill on one worker: each prompt's service time, their mean, the p99
-    prompt's, the mean prompt's KV bytes and the seconds to hand them off."""
+    prompt's, the mean prompt's KV bytes, the seconds to move them (``transfer_s``, what loads
+    the link) and the hand-off's latency (``handoff_s`` = ``transfer_s`` + the hardware's fixed
+    ``handoff_s``: prefill end to first token)."""
 
     services: list[float]
     mean_s: float
     p99_s: float
     kv_bytes: float
     transfer_s: float
+    handoff_s: float
 
 
 def prefill_side(model: ModelShape, hw: Hardware, wl: Workload, tp: int) -> PrefillSide:
     """The :class:`PrefillSide` of ``wl`` on a worker of ``tp`` devices."""
     services = [prefill_time(model, hw, p, tp) for p in wl.prompt_tokens]
     kv = model.kv_bytes_per_token * wl.mean_prompt
+    transfer = kv_transfer_time(kv, hw, tp)
     return PrefillSide(services, sum(services) / len(services), prefill_time(model, hw, wl.p99_prompt, tp),
-                       kv, kv_transfer_time(kv, hw, tp))
+                       kv, transfer, transfer + hw.handoff_s)
 
 
 def decode_worker_util(model: ModelShape, hw: Hardware, wl: Workload, running: float, tp: int) -> float:
@@ -105,28 +113,44 @@ def fewest_workers(util_at, target: float, start: int = 1, limit: int = 100_000)
 
 
 def predict(model: ModelShape, hw: Hardware, wl: Workload, mode: str = "disaggregated",
-            prefill: int = 1, decode: int = 1, tp: int | None = None) -> Prediction:
+            prefill: int = 1, decode: int = 1, tp: int | None = None,
+            rows_in_flight: int | None = None) -> Prediction:
     """Predict one configuration: ``mode="disaggregated"`` with ``prefill`` x ``decode`` workers,
     or ``mode="colocated"`` with ``prefill`` workers (the pipeline's ``pools.prefill``); ``tp``
-    devices per worker (default :func:`~pipeline.plan.costs.auto_tp`).
+    devices per worker (default :func:`~pipeline.plan.costs.auto_tp`); ``rows_in_flight`` per
+    prefill (or colocated) worker, for a batch (default: unbounded).
 
     With a rate: the steady state at that rate (M/G/1 prefill queue, Little's-law decode
     concurrency; see :mod:`pipeline.plan`); ``makespan_s = (count - 1) / rate + TTFT + E[o] x
     ITL`` when the workload has a count.
 
     Without (a batch of ``count`` requests, all there at the start, run as fast as the pools
-    allow; no queueing model, prefill utilisation = prefill busy time / makespan):
+    allow; no queueing model, prefill utilisation = prefill busy time / makespan). Each prefill
+    (or colocated) worker serves ``m = count / x`` requests and keeps ``b = min(rows_in_flight,
+    m)`` of them in flight (the pipeline's ``job.batch_rows``: a row holds its place from
+    entering prefill to its last token; ``None``: ``b = m``). ``S = E[S]``, ``S' = max(S, T)``
+    (the engine's spacing), ``H`` the hand-off (``T`` + the hardware's ``handoff_s``):
 
-    - disaggregated: prefill busy ``P = count x max(E[S], T) / x``; decode runs ``n =
-      min(n_max, count / y)`` sequences, busy ``D = E[o] x ITL(n) x max(1, count / (y n))``;
-      makespan ``= max(P + T + E[o] x ITL_ss, E[S] + T + D)`` (prefill-bound: the last request
-      still decodes after its prefill, at the steady concurrency ``ITL_ss`` of Little's law;
-      decode-bound: decoding starts after the first prefill);
-    - colocated: each worker prefills ``count / w`` prompts and decodes them ``n = min(n_max,
-      count / w)`` at a time: makespan ``= (count / w) x E[S] + E[o] x ITL(n) x max(1, count /
-      (w n))``;
+    - disaggregated: decode runs ``n = min(n_max, count / y, x b / y)`` sequences, busy ``D =
+      E[o] x ITL(n) x max(1, count / (y n))``; a request decodes for ``Dr = E[o] x ITL_ss``, at
+      the steady concurrency of Little's law (prefill feeding each decode worker ``x / S' / y``
+      requests/s, at most ``n``). Makespan = the largest of: prefill-bound ``m S' + H + Dr``
+      (the last request still hands off and decodes after its prefill); decode-bound ``S + H +
+      D`` (decoding starts after the first prefill); and rows-in-flight-bound ``j S' + k (S + H
+      + Dr) + H + Dr``, the last request being the ``j``-th of the ``k+1``-th wave of ``b``
+      (``k = ceil(m / b) - 1``, ``j = ceil(m) - k b``: each wave enters as the one before
+      finishes). TTFT: :func:`~pipeline.plan.queueing.batch_ttft` (the first ``b`` requests
+      queue for the engine, later ones wait ``b / X - Dr`` by the response time law) with the
+      steady throughput per prefill worker ``X = min(1 / S', b / (S + H + Dr), y n / (x E[o]
+      ITL(n)))`` (prefill, the rows in flight, decode: the asymptotic bounds of a closed system,
+      Lazowska et al. 1984, ch. 5);
+    - colocated: each worker prefills its ``m`` prompts and decodes them ``n = min(n_max, b)`` at
+      a time: makespan ``= m S + E[o] x ITL(n) x max(1, m / n)``; TTFT by the same
+      :func:`~pipeline.plan.queueing.batch_ttft` with no hand-off, ``X = min(1 / (S + E[o]
+      ITL(n) / n), b / (S + Dr))``, ``Dr = E[o]`` x the stretched ITL;
 
-    and ``throughput = count / makespan``.
+    and ``throughput = count / makespan``. With ``b = m`` the mean TTFT is ``(m + 1) / 2 x S' +
+    H``: the mean wait of a FIFO batch.
 
     Raises:
         ValueError: a pool is overloaded at the workload's rate (the message says how many
@@ -137,6 +161,8 @@ def predict(model: ModelShape, hw: Hardware, wl: Workload, mode: str = "disaggre
         raise ValueError(f"mode must be disaggregated or colocated, got {mode!r}")
     if prefill < 1 or (mode == "disaggregated" and decode < 1):
         raise ValueError(f"worker counts must be >= 1, got prefill={prefill} decode={decode}")
+    if rows_in_flight is not None and rows_in_flight < 1:
+        raise ValueError(f"rows in flight must be >= 1, got {rows_in_flight}")
     tp = tp or auto_tp(model, hw)
     n_max = _max_running(model, hw, wl, tp)
     if n_max < 1:
@@ -146,7 +172,8 @@ def predict(model: ModelShape, hw: Hardware, wl: Workload, mode: str = "disaggre
     colocated = mode == "colocated"
     args = (model, hw, wl, pf, prefill, decode, tp, n_max)
     if wl.rate is None:
-        return _predict_batch_colocated(*args) if colocated else _predict_batch_disaggregated(*args)
+        batch = _predict_batch_colocated if colocated else _predict_batch_disaggregated
+        return batch(*args, rows_in_flight)
     return _predict_rate(*args, colocated)
 
 
@@ -182,7 +209,7 @@ def _predict_rate(model, hw, wl, pf, prefill, decode, tp, n_max, colocated) -> P
     decode_util = decode_worker_util(model, hw, wl, n, tp)
     if not colocated:
         decode_util = max(decode_util, rate * pf.transfer_s / decode)
-    ttft = wait + pf.mean_s + (0.0 if colocated else pf.transfer_s)
+    ttft = wait + pf.mean_s + (0.0 if colocated else pf.handoff_s)
     makespan = (wl.count - 1) / rate + ttft + out * itl if wl.count is not None else None
     return Prediction(
         mode="colocated" if colocated else "disaggregated", prefill_workers=prefill,
@@ -194,34 +221,44 @@ def _predict_rate(model, hw, wl, pf, prefill, decode, tp, n_max, colocated) -> P
         output_tokens_per_s=rate * out, makespan_s=makespan)
 
 
-def _predict_batch_disaggregated(model, hw, wl, pf, x, y, tp, n_max) -> Prediction:
+def _predict_batch_disaggregated(model, hw, wl, pf, x, y, tp, n_max, rows_in_flight) -> Prediction:
     count, ctx, out = wl.count, wl.decode_context, wl.mean_output
-    busy_p = count * max(pf.mean_s, pf.transfer_s) / x
-    n = min(n_max, count / y)
-    busy_d = out * decode_step_time(model, hw, n, ctx, tp) * max(1.0, count / (y * n))
-    # steady concurrency while prefill feeds decode at x / E[S] (capped by the pool and the batch)
-    feed = x / max(pf.mean_s, pf.transfer_s) / y
+    s, h = pf.mean_s, pf.handoff_s
+    spacing = max(pf.mean_s, pf.transfer_s)
+    m = count / x
+    b = min(rows_in_flight or m, m)
+    busy_p = m * spacing
+    n = min(n_max, count / y, x * b / y)
+    step_n = decode_step_time(model, hw, n, ctx, tp)
+    busy_d = out * step_n * max(1.0, count / (y * n))
+    # steady concurrency while prefill feeds decode at x / S' (capped by the pool, batch and rows in flight)
     try:
-        n_ss = min(n, decode_concurrency(model, hw, feed, out, ctx, tp)[0])
+        n_ss = min(n, decode_concurrency(model, hw, x / spacing / y, out, ctx, tp)[0])
     except ValueError:
         n_ss = n
     itl = decode_step_time(model, hw, n_ss, ctx, tp)
-    makespan = max(busy_p + pf.transfer_s + out * itl, pf.mean_s + pf.transfer_s + busy_d)
+    dr = out * itl
+    k = math.ceil(m / b - 1e-9) - 1
+    last = math.ceil(m - 1e-9) - k * b
+    makespan = max(busy_p + h + dr, s + h + busy_d, last * spacing + k * (s + h + dr) + h + dr)
     rate = count / makespan
-    wait = (count / x - 1) / 2 * max(pf.mean_s, pf.transfer_s)  # mean wait of a FIFO batch
+    steady = min(1 / spacing, b / (s + h + dr), y * n / (x * out * step_n))
+    ttft, ttft_p50 = batch_ttft(math.ceil(m - 1e-9), math.ceil(b - 1e-9), spacing, h, dr, steady)
     return Prediction(
         mode="disaggregated", prefill_workers=x, decode_workers=y, tp=tp, throughput=rate,
         prefill_s=pf.mean_s, prefill_p99_s=pf.p99_s, kv_bytes=pf.kv_bytes, kv_transfer_s=pf.transfer_s,
-        prefill_util=busy_p / makespan, queue_wait_s=wait, ttft_s=wait + pf.mean_s + pf.transfer_s, running=n_ss,
+        prefill_util=busy_p / makespan, queue_wait_s=ttft - s - h, ttft_s=ttft, running=n_ss,
         itl_s=itl, itl_worst_s=itl,
         decode_util=max(decode_worker_util(model, hw, wl, n_ss, tp), busy_d / makespan),
-        stall_fraction=0.0, output_tokens_per_s=rate * out, makespan_s=makespan)
+        stall_fraction=0.0, output_tokens_per_s=rate * out, makespan_s=makespan, ttft_p50_s=ttft_p50,
+        rows_in_flight=rows_in_flight)
 
 
-def _predict_batch_colocated(model, hw, wl, pf, w, _decode, tp, n_max) -> Prediction:
+def _predict_batch_colocated(model, hw, wl, pf, w, _decode, tp, n_max, rows_in_flight) -> Prediction:
     count, ctx, out = wl.count, wl.decode_context, wl.mean_output
     per_worker = count / w
-    n = min(n_max, per_worker)
+    b = min(rows_in_flight or per_worker, per_worker)
+    n = min(n_max, b)
     step = decode_step_time(model, hw, n, ctx, tp)
     busy_p = per_worker * pf.mean_s
     busy_d = out * step * max(1.0, per_worker / n)
@@ -229,10 +266,12 @@ def _predict_batch_colocated(model, hw, wl, pf, w, _decode, tp, n_max) -> Predic
     rate = count / makespan
     rho = busy_p / makespan
     itl = step / (1 - rho)
-    wait = (per_worker - 1) / 2 * pf.mean_s  # mean wait of a FIFO batch (prefills go first)
+    steady = min(1 / (pf.mean_s + out * step / n), b / (pf.mean_s + out * itl))
+    ttft, ttft_p50 = batch_ttft(math.ceil(per_worker - 1e-9), math.ceil(b - 1e-9), pf.mean_s, 0.0, out * itl, steady)
     return Prediction(
         mode="colocated", prefill_workers=w, decode_workers=0, tp=tp, throughput=rate,
         prefill_s=pf.mean_s, prefill_p99_s=pf.p99_s, kv_bytes=pf.kv_bytes, kv_transfer_s=0.0,
-        prefill_util=rho, queue_wait_s=wait, ttft_s=wait + pf.mean_s, running=n, itl_s=itl,
+        prefill_util=rho, queue_wait_s=ttft - pf.mean_s, ttft_s=ttft, running=n, itl_s=itl,
         itl_worst_s=step + pf.p99_s, decode_util=decode_worker_util(model, hw, wl, n, tp),
-        stall_fraction=min(1.0, rate / w * itl), output_tokens_per_s=rate * out, makespan_s=makespan)
+        stall_fraction=min(1.0, rate / w * itl), output_tokens_per_s=rate * out, makespan_s=makespan,
+        ttft_p50_s=ttft_p50, rows_in_flight=rows_in_flight)

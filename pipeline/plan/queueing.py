@@ -83,3 +83,42 @@ def dram_full_probability(servers: int, offered: float, transit: float, room: in
         term *= transit / (i + 1)
     below = sum(pq[j] * pt[total - j] for total in range(room) for j in range(total + 1))
     return min(1.0, max(0.0, 1 - below))
+
+
+def batch_ttft(rows: int, in_flight: int, service_s: float, handoff_s: float, after_s: float,
+               throughput: float) -> tuple[float, float]:
+    """(mean, median) TTFT in seconds of a batch of ``rows`` requests served by one prefill
+    engine that keeps at most ``in_flight`` of them in flight (the pipeline's ``job.batch_rows``
+    per worker): all are there at the start; a request holds its place from entering prefill
+    until its last token, then the next one enters (a closed system of ``b = min(in_flight,
+    rows)`` customers). ``service_s`` = S, the engine's seconds per request; ``handoff_s`` = H,
+    prefill end to first token; ``after_s`` = D, first token to last (decoding); ``throughput`` =
+    X, requests/s the engine completes in the steady state.
+
+    - The first ``b`` enter together and the engine prefills them first come first served
+      (vLLM's scheduler, one request's prompt after another within and across steps), so the
+      ``j``-th has its first token at ``TTFT_j = j S + H``, ``j = 1..b``: rows ahead of it in the
+      batch, its own prefill, the hand-off.
+    - Each later one enters as one leaves. By Little's law on the closed loop (the response time
+      law ``R = N / X - Z``, Lazowska et al. 1984, "Quantitative System Performance", ch. 3,
+      with ``N = b`` customers and the decoding as think time ``Z = D``), ``TTFT = b / X - D``,
+      and at least ``S + H`` (nothing ahead). With a prefill-bound engine (``X = 1 / S``) this
+      is ``b S - D``: the rows in flight that are not decoding are all queued for prefill.
+
+    The median is taken over the ``rows`` values (``b`` of the first kind, ``rows - b`` of the
+    second), the middle two averaged, as ``numpy.percentile``'s linear p50.
+
+    Raises:
+        ValueError: ``rows`` or ``in_flight`` < 1, or ``throughput <= 0``.
+    """
+    if rows < 1 or in_flight < 1:
+        raise ValueError(f"rows and rows in flight must be >= 1, got {rows} and {in_flight}")
+    if not throughput > 0:
+        raise ValueError(f"throughput must be > 0 requests/s, got {throughput}")
+    b = min(in_flight, rows)
+    steady = max(service_s + handoff_s, b / throughput - after_s)
+    first = [j * service_s + handoff_s for j in range(1, b + 1)]
+    mean = (sum(first) + (rows - b) * steady) / rows
+    ordered = sorted(first + [steady] * (rows - b))
+    mid = rows // 2
+    return mean, ordered[mid] if rows % 2 else (ordered[mid - 1] + ordered[mid]) / 2

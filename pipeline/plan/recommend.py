@@ -11,6 +11,7 @@ from pipeline.plan.dram import DramTier, dram_tier
 from pipeline.plan.hardware import Hardware
 from pipeline.plan.model import ModelShape
 from pipeline.plan.predict import Prediction, decode_worker_util, fewest_workers, predict, prefill_side
+from pipeline.plan.price import OptionCost
 from pipeline.plan.units import GB, secs
 from pipeline.plan.workload import Workload
 
@@ -19,7 +20,8 @@ from pipeline.plan.workload import Workload
 class Plan:
     """The planner's answer: the model, hardware and workload it used, the smallest
     disaggregated split and colocated pool under ``target_util``, which to run and why, and the
-    Hydra overrides for it."""
+    Hydra overrides for it; ``costs``, each option's price per million output tokens when device
+    prices were given (:func:`pipeline.plan.price.option_costs`)."""
 
     model: ModelShape
     hardware: Hardware
@@ -33,12 +35,14 @@ class Plan:
     overrides: str
     notes: list[str] = field(default_factory=list)
     dram: DramTier | None = None
+    costs: list[OptionCost] = field(default_factory=list)
 
     def to_dict(self) -> dict:
         """Everything as JSON-ready data (``--json``); lists of lengths are summarised."""
         wl = self.workload
         d = {
-            "model": {**asdict(self.model), "kv_bytes_per_token": self.model.kv_bytes_per_token,
+            "model": {**asdict(self.model), "kv_dtype": self.model.kv_dtype,
+                      "kv_bytes_per_token": self.model.kv_bytes_per_token,
                       "weight_bytes": self.model.weight_bytes, "flop_params": self.model.flop_params},
             "hardware": asdict(self.hardware),
             "workload": {"source": wl.source, "rate": wl.rate, "count": wl.count,
@@ -57,6 +61,8 @@ class Plan:
                 d[key] = {**asdict(p), "overrides": p.overrides}
         if self.dram is not None:
             d["dram_tier"] = asdict(self.dram)
+        if self.costs:
+            d["costs"] = [asdict(c) for c in self.costs]
         return _finite(d)
 
 
@@ -72,7 +78,8 @@ def _finite(x):
 
 def plan(model: ModelShape, hw: Hardware, wl: Workload, *, target_util: float = 0.75,
          itl_target_s: float = 0.1, tp: int | None = None, workers: int = 2,
-         tail_quantile: float = 0.99, dram_headroom: float | None = None) -> Plan:
+         tail_quantile: float = 0.99, dram_headroom: float | None = None,
+         rows_in_flight: int | None = None) -> Plan:
     """Size the pools and recommend colocated or disaggregated; with ``dram_headroom`` also size
     the decode host-DRAM KV tier of the disaggregated split (:func:`dram_tier`, ``Plan.dram``).
 
@@ -90,7 +97,9 @@ def plan(model: ModelShape, hw: Hardware, wl: Workload, *, target_util: float = 
 
     Without a rate (a batch of ``wl.count``): ``workers`` workers are split into the xP:yD of
     highest throughput and compared with ``workers`` colocated ones by makespan (ITL does not
-    matter to a batch); ties go to colocated.
+    matter to a batch); ties go to colocated. ``rows_in_flight`` per prefill or colocated worker
+    (the pipeline's ``job.batch_rows``; ``None``: unbounded) shapes a batch's TTFT and makespan
+    (:func:`~pipeline.plan.predict.predict`).
 
     Raises:
         ValueError: ``target_util`` not in (0, 1), ``workers`` < 1, or no split within 100,000
@@ -103,10 +112,11 @@ def plan(model: ModelShape, hw: Hardware, wl: Workload, *, target_util: float = 
     tp = tp or auto_tp(model, hw)
     notes: list[str] = []
     if wl.rate is None:
-        colo = predict(model, hw, wl, "colocated", workers, tp=tp)
+        colo = predict(model, hw, wl, "colocated", workers, tp=tp, rows_in_flight=rows_in_flight)
         dis = None
         if workers >= 2:
-            dis = max((predict(model, hw, wl, "disaggregated", x, workers - x, tp=tp) for x in range(1, workers)),
+            dis = max((predict(model, hw, wl, "disaggregated", x, workers - x, tp=tp, rows_in_flight=rows_in_flight)
+                       for x in range(1, workers)),
                       key=lambda p: p.throughput)
         if dis is not None and dis.makespan_s < colo.makespan_s * (1 - 1e-9):
             rec = "disaggregated"

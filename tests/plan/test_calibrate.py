@@ -9,6 +9,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from pipeline.io.metrics import write_request_metrics
 from pipeline.plan.calibrate import calibrate, workload_from_run
 from pipeline.plan.hardware import HARDWARE
 from tests.plan.toy import TOY
@@ -41,7 +42,33 @@ def test_calibrate_fits_flops_bandwidth_and_link_by_hand(tmp_path):
     assert hw.mem_bw == pytest.approx((2 * 10_525_250 + 10_420_200 + 10_210_100) * 100 / 40)
     # Link: 4 x 200 B x 1000 tokens over hand-off busy time 0.5 s + 0.5 s = 8e5 B/s.
     assert hw.link_bw == pytest.approx(8e5)
+    # Hand-off latency: each hand-off took 0.5 s, its bytes 200 B x 1000 / 8e5 B/s = 0.25 s of it.
+    assert hw.handoff_s == pytest.approx(0.25)
     assert (hw.mfu, hw.mbu, hw.kv_cache_bytes) == (1.0, 1.0, HARDWARE["cpu"].kv_cache_bytes)
     # The run's own workload: 4 good rows, the error row left out.
     wl = workload_from_run(tmp_path)
     assert (wl.count, wl.mean_prompt, wl.mean_output) == (4, 1000, 101)
+
+
+def _record(shard: str, ps: float, pe: float, t1: float, tn: float) -> dict:
+    return dict(key=f"{shard}:0", shard=shard, row=0, prefill_worker="prefill-0@h", decode_worker="decode-0@h",
+                read_at=0.0, prefill_start=ps, prefill_end=pe, decode_arrived_at=pe,
+                token_times=[t1 + (tn - t1) * i / 100 for i in range(101)], prompt_tokens=1000,
+                output_tokens=101, kv_tokens=1000, kv_bytes=200_000, tries=1)
+
+
+def test_calibrate_from_request_metrics_uses_one_clock(tmp_path):
+    # Two shards on one prefill worker, both rows entering prefill at 0: A is prefilled over
+    # [0, 1], B waits for it and ends at 2. On one clock the engine was busy 2 s, not 1 + 2 s.
+    write_request_metrics(tmp_path, "a.parquet", [_record("a.parquet", 0.0, 1.0, 2.5, 12.5)])
+    write_request_metrics(tmp_path, "b.parquet", [_record("b.parquet", 0.0, 2.0, 3.0, 13.0)])
+    hw = calibrate(tmp_path, TOY, "cpu")
+    # FLOP/s: 2 x 1.01e10 / 2 s = 1.01e10 (from output shards alone: 2.02e10 / 3 s).
+    assert hw.peak_flops == pytest.approx(1.01e10)
+    # Decoding on one worker: A [2.5, 12.5], B [3, 13] overlap 9.5 of 10 s, so each step reads
+    # 1e7 B + 210,100 B x (1 + 0.95); 2 x 100 steps over 20 s: 10 x 10,409,695 B/s.
+    assert hw.mem_bw == pytest.approx(10 * (1e7 + 210_100 * 1.95))
+    # Hand-offs A [1, 2.5], B [2, 3]: union 2 s for 2 x 2e5 B -> 2e5 B/s, so moving 2e5 B takes
+    # 1 s; latency = mean(1.5 - 1, 1 - 1) = 0.25 s.
+    assert hw.link_bw == pytest.approx(2e5)
+    assert hw.handoff_s == pytest.approx(0.25)

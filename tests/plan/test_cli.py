@@ -118,3 +118,67 @@ def test_cli_help_describes_the_planner():
     assert p.returncode == 0, p.stderr
     assert "The xP:yD planner: size the prefill and decode pools" in p.stdout
     assert "--dram-tier" in p.stdout and "issue" not in p.stdout
+
+
+def test_cli_prices_each_option_per_million_output_tokens():
+    args = ["--model", "llama-3.1-70b", "--hardware", "h100", "--prompt-tokens", "8192",
+            "--output-tokens", "256", "--rate", "2.0"]
+    plain = _cli(*args)
+    assert "cost:" not in plain.stdout and "costs" not in json.loads(_cli(*args, "--json").stdout)
+    priced = [*args, "--device-hour-price", "3.5", "--prefill-device-hour-price", "4"]
+    out = json.loads(_cli(*priced, "--json").stdout)
+    # 2 req/s x 256 = 512 output tokens/s for both options (a rate is served as it comes).
+    # 2P:1D of 4 devices each: 8 prefill devices x 4 + 4 decode devices x 3.5 (the general price)
+    # = 46/hour -> 46 / (512 x 3600) x 1e6 = 24.957 per million. Colocated x2: 8 devices x 3.5 =
+    # 28/hour -> 15.191.
+    dis, colo = out["costs"]
+    assert (out["disaggregated"]["prefill_workers"], out["disaggregated"]["decode_workers"]) == (2, 1)
+    assert (dis["prefill_devices"], dis["decode_devices"], dis["price_per_hour"]) == (8, 4, 46.0)
+    assert dis["per_million_output_tokens"] == pytest.approx(46 / (512 * 3600) * 1e6) == pytest.approx(24.957, abs=1e-3)
+    assert (colo["option"], colo["price_per_hour"]) == ("colocated x2", 28.0)
+    assert colo["per_million_output_tokens"] == pytest.approx(15.191, abs=1e-3)
+    text = _cli(*priced).stdout
+    assert ("cost: disaggregated 2P:1D: 8 prefill + 4 decode devices, 46/hour at 512 output tokens/s "
+            "= 25 per million output tokens") in text
+    assert "cost: colocated x2: 8 devices, 28/hour at 512 output tokens/s = 15.2 per million output tokens" in text
+    assert text.index("recommendation:") < text.index("cost:") < text.index("overrides:")
+    # Everything the plain report printed is still there.
+    assert all(line in text.splitlines() for line in plain.stdout.splitlines())
+
+
+def test_cli_kv_cache_dtype_fp8_halves_kv_and_says_so():
+    args = ["--model", "llama-3.1-70b", "--hardware", "h100", "--prompt-tokens", "8192",
+            "--output-tokens", "256", "--rate", "2.0"]
+    auto = json.loads(_cli(*args, "--json").stdout)
+    fp8 = json.loads(_cli(*args, "--kv-cache-dtype", "fp8", "--json").stdout)
+    # 327,680 B -> 163,840 B per token; 8192 x 163,840 B / (4 x 50e9 B/s) = 6.71 ms (bf16: 13.42 ms).
+    assert (auto["kv_bytes_per_token"], fp8["kv_bytes_per_token"]) == (327_680, 163_840)
+    assert fp8["disaggregated"]["kv_transfer_s"] == pytest.approx(8192 * 163_840 / 200e9)
+    assert fp8["disaggregated"]["kv_transfer_s"] == pytest.approx(auto["disaggregated"]["kv_transfer_s"] / 2)
+    assert fp8["model"]["kv_cache_dtype"] == "fp8" and fp8["model"]["dtype"] == "bfloat16"
+    text = _cli(*args, "--kv-cache-dtype", "fp8_e5m2").stdout
+    assert "KV cache   160 KiB/token (KV cache dtype fp8_e5m2 = float8_e5m2, 1 byte per element)" in text
+    assert "320 KiB/token (KV cache dtype auto = bfloat16, 2 bytes per element)" in _cli(*args).stdout
+    # The DRAM tier's sizing follows: (130,048 + 1,024) tokens x 163,840 B = 20 GiB per request.
+    dram = json.loads(_cli("--model", "llama-3.1-70b", "--hardware", "h200", "--prompt-tokens", "130048",
+                           "--output-tokens", "1024", "--rate", "1.0", "--dram-tier", "--kv-cache-dtype", "fp8",
+                           "--json").stdout)
+    assert dram["dram_tier"]["request_bytes"] == 20 * 2**30
+    bad = _cli(*args, "--kv-cache-dtype", "int3")
+    assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "KV cache dtype 'int3'" in bad.stderr
+
+
+def test_cli_batch_rows_default_and_option():
+    args = ["--model", "llama-3.1-8b", "--hardware", "h100", "--prompt-tokens", "2000",
+            "--output-tokens", "256", "--count", "1000", "--workers", "4"]
+    # Default: the pipeline's job.batch_rows, 16 rows in flight per worker, so colocated x4
+    # decodes at most 16 sequences at a time (not 128, vLLM's max_num_seqs).
+    out = json.loads(_cli(*args, "--json").stdout)
+    assert out["colocated"]["rows_in_flight"] == 16 and out["colocated"]["running"] == 16
+    wide = json.loads(_cli(*args, "--batch-rows", "128", "--json").stdout)
+    assert wide["colocated"]["running"] == 128
+    assert wide["colocated"]["makespan_s"] < out["colocated"]["makespan_s"]
+    text = _cli(*args).stdout
+    assert "TTFT p50" in text and "note: 16 rows in flight per prefill or colocated worker" in text
+    bad = _cli(*args, "--batch-rows", "0")
+    assert bad.returncode == 2 and "--batch-rows must be >= 1" in bad.stderr

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from pipeline.plan.queueing import dram_full_probability, erlang_c, md1_wait, mg1_wait
+from pipeline.plan.queueing import batch_ttft, dram_full_probability, erlang_c, md1_wait, mg1_wait
 
 
 def test_md1_wait_hand_computed():
@@ -35,3 +35,20 @@ def test_erlang_c_and_dram_full_probability_hand_computed():
     # With 0.5 requests in transit (Poisson): P(Nq + Nt >= 1) = 1 - (5/6) x 0.606531 = 0.494558.
     assert dram_full_probability(2, 1.0, 0.5, 1) == pytest.approx(0.494558, abs=1e-6)
     assert dram_full_probability(2, 1.0, 0.5, 0) == 1.0
+
+
+def test_batch_ttft_first_batch_then_the_response_time_law():
+    # 3 rows in flight, S = 1 s, H = 0.5 s, D = 1 s, X = 1 req/s (prefill-bound):
+    #   first three: 1 x 1 + 0.5, 2 + 0.5, 3 + 0.5 = 1.5, 2.5, 3.5 s;
+    #   later ones: b / X - D = 3 / 1 - 1 = 2 s (>= S + H = 1.5 s).
+    # 5 rows: [1.5, 2.5, 3.5, 2, 2]: mean 11.5 / 5 = 2.3 s, median 2 s.
+    assert batch_ttft(5, 3, 1.0, 0.5, 1.0, 1.0) == pytest.approx((2.3, 2.0))
+    # 4 rows: [1.5, 2.5, 3.5, 2]: mean 2.375 s, median (2 + 2.5) / 2 = 2.25 s.
+    assert batch_ttft(4, 3, 1.0, 0.5, 1.0, 1.0) == pytest.approx((2.375, 2.25))
+    # Rows in flight >= rows: all queue at once, [1.5, 2.5, 3.5, 4.5]: mean (n + 1) / 2 x S + H
+    # = 2.5 + 0.5 = 3 s for n = 4, median (2.5 + 3.5) / 2 = 3 s.
+    assert batch_ttft(4, 16, 1.0, 0.5, 1.0, 1.0) == pytest.approx((3.0, 3.0))
+    # A slow loop (X = 0.5 req/s, D = 5 s): 3 / 0.5 - 5 = 1 s < S + H, so no wait: 1.5 s.
+    assert batch_ttft(5, 3, 1.0, 0.5, 5.0, 0.5) == pytest.approx(((1.5 + 2.5 + 3.5 + 3.0) / 5, 1.5))
+    with pytest.raises(ValueError, match="throughput"):
+        batch_ttft(5, 3, 1.0, 0.5, 1.0, 0.0)
