@@ -1,10 +1,24 @@
 """Build the vLLM engine a worker runs: a KV producer (prefill), a KV consumer (decode) or a plain
-colocated engine, with the process environment vLLM's CPU backend and NIXL read at start."""
+colocated engine, with the process environment vLLM's CPU backend and NIXL read at start.
+
+The engine's arguments (vLLM's ``AsyncEngineArgs``), lowest precedence first:
+
+1. ``model.engine_kwargs``: any ``AsyncEngineArgs`` field, for every engine;
+2. ``model.prefill_engine_kwargs`` / ``model.decode_engine_kwargs``: that pool's engines only
+   (colocated engines take ``model.engine_kwargs`` only);
+3. the pipeline's per-role settings (:data:`ROLE_SETTINGS`: ``model.prefill_chunk_tokens``,
+   ``model.decode_kv_blocks``, the DRAM tier's ``async_scheduling``);
+4. the arguments the pipeline owns (:data:`OWNED`), always last.
+
+:mod:`pipeline.preflight.engine_args` refuses at start what would be overridden silently: a field
+of :data:`OWNED` in any of the dicts, and a field of :data:`ROLE_SETTINGS` set both ways to
+different values.
+"""
 
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from pipeline.config import Config
 from pipeline.engine.env import engine_env, parse_cpus, pin_descendants
@@ -16,22 +30,112 @@ if TYPE_CHECKING:
 
 Role = Literal["prefill", "decode", "colocated"]
 
+#: ``AsyncEngineArgs`` fields the pipeline sets itself (:func:`pipeline_engine_kwargs`,
+#: :func:`build_engine`) or leaves at vLLM's default because it relies on it, with the setting to
+#: use instead and why; refused in ``model.*engine_kwargs``.
+OWNED = {
+    "model": "use model.path (or model.source): every worker of the run loads the same model",
+    "tokenizer": "the pipeline renders and tokenizes prompts with the model's own tokenizer (model.path) and "
+                 "hands the engine token ids; an engine with another tokenizer would read them as other text",
+    "skip_tokenizer_init": "the pipeline reads each generation's text from the engine (it detokenizes)",
+    "dtype": "use model.dtype: prefill and decode must compute the KV in the same element type",
+    "max_model_len": "use model.max_model_len: prompts are checked (or truncated) against it before any engine",
+    "tensor_parallel_size": "use model.prefill_tp / model.decode_tp: the launcher sizes each worker's devices from them",
+    "gpu_memory_utilization": "use model.gpu_memory_utilization",
+    "enforce_eager": "use model.enforce_eager",
+    "block_size": "use model.block_size: prefill and decode must cut the KV into blocks of the same size",
+    "seed": "use model.seed",
+    "disable_log_stats": "the pipeline records every engine step itself (RUN_DIR/metrics/workers)",
+    "kv_transfer_config": "transport= and offload= choose the KV connector; the role of each engine in it is its pool's",
+    # LoRA (model.lora) will own enable_lora, max_loras, max_lora_rank: add them here when it lands.
+}
+
+#: Fields the pipeline sets for one role from its own settings: ``{role: {field: setting}}``. The
+#: field may still come through ``model.*engine_kwargs`` when the setting is not in use; both at
+#: once, to different values, is refused at start.
+ROLE_SETTINGS = {
+    "prefill": {"max_num_batched_tokens": "model.prefill_chunk_tokens",
+                "async_scheduling": "offload=dram (the DRAM tier needs it off on prefill)"},
+    "decode": {"num_gpu_blocks_override": "model.decode_kv_blocks"},
+    "colocated": {},
+}
+
+
+def kwargs_settings(role: Role) -> tuple[str, ...]:
+    """The ``model.*`` settings whose engine kwargs reach an engine of ``role``, lowest precedence
+    first: ``model.engine_kwargs``, then the pool's own (none for colocated engines)."""
+    return ("model.engine_kwargs",) if role == "colocated" else ("model.engine_kwargs", f"model.{role}_engine_kwargs")
+
+
+def user_engine_kwargs(cfg: Config, role: Role) -> dict[str, tuple[Any, str]]:
+    """The user's engine arguments for ``role`` merged (see :func:`kwargs_settings`), each as
+    ``(value, setting it came from)``."""
+    merged: dict[str, tuple[Any, str]] = {}
+    for setting in kwargs_settings(role):
+        for key, value in getattr(cfg.model, setting.split(".", 1)[1]).items():
+            merged[key] = (value, setting)
+    return merged
+
+
+def role_engine_kwargs(cfg: Config, role: Role) -> dict[str, Any]:
+    """The fields of :data:`ROLE_SETTINGS` the pipeline sets for ``role`` with this config."""
+    out: dict[str, Any] = {}
+    if role == "prefill" and cfg.model.prefill_chunk_tokens:
+        out["max_num_batched_tokens"] = cfg.model.prefill_chunk_tokens
+    if role == "prefill" and cfg.offload.dram(cfg.model.max_model_len):
+        # With async scheduling the engine schedules step N+1 before it has processed step N's
+        # output, so a request that finished in step N gets its blocks written only after step
+        # N+1's forward pass: one whole prefill chunk later (seconds on a CPU). Scheduled in
+        # step, the write starts before the very next forward pass.
+        out["async_scheduling"] = False
+    if role == "decode" and cfg.model.decode_kv_blocks:
+        out["num_gpu_blocks_override"] = cfg.model.decode_kv_blocks
+    return out
+
+
+def pipeline_engine_kwargs(cfg: Config, role: Role) -> dict[str, Any]:
+    """The fields of :data:`OWNED` for ``role``, except ``model`` (:func:`model_path`, which
+    converts the bundled model on first use) and ``kv_transfer_config`` (a vLLM object)."""
+    out: dict[str, Any] = {
+        "dtype": cfg.model.dtype,
+        "max_model_len": cfg.model.max_model_len,
+        "tensor_parallel_size": cfg.model.decode_tp if role == "decode" else cfg.model.prefill_tp,
+        "gpu_memory_utilization": cfg.model.gpu_memory_utilization,
+        "enforce_eager": cfg.model.enforce_eager,
+        "seed": cfg.model.seed,
+        "disable_log_stats": True,
+    }
+    if cfg.model.block_size:
+        out["block_size"] = cfg.model.block_size
+    return out
+
+
+def engine_kwargs(cfg: Config, role: Role, model: str) -> dict[str, Any]:
+    """Every ``AsyncEngineArgs`` keyword for an engine of ``role`` loading ``model`` (a directory
+    or hub id), merged in the order of the module doc, without ``kv_transfer_config``."""
+    merged = {key: value for key, (value, _) in user_engine_kwargs(cfg, role).items()}
+    return {**merged, **role_engine_kwargs(cfg, role), **pipeline_engine_kwargs(cfg, role), "model": model}
+
 
 def build_engine(cfg: Config, role: Role, *, cpus: str | None,
                  side_channel: tuple[str, int] | None = None,
                  recorder: "StepRecorder | None" = None) -> "AsyncLLM":
     """Start a vLLM ``AsyncLLM`` engine for ``role`` (~30-120 s on 2 CPU cores; longer the first time, while
-    torch.compile fills its cache).
+    torch.compile fills its cache), with the arguments of :func:`engine_kwargs`.
 
     Sets this process's environment first (the engine core is a spawned child that inherits it).
     ``recorder`` receives the engine's per-step scheduler stats (see :mod:`pipeline.engine.steps`).
+
+    Raises:
+        Exception: whatever vLLM raises for arguments it refuses or an engine that fails to start
+            (the checks at start, :mod:`pipeline.preflight.engine_args`, catch most of the first).
     """
     os.environ.update(engine_env(cfg, cpus=cpus, side_channel=side_channel))
     from vllm.config import KVTransferConfig
     from vllm.engine.arg_utils import AsyncEngineArgs
     from vllm.v1.engine.async_llm import AsyncLLM
 
-    kwargs = {}
+    kwargs = engine_kwargs(cfg, role, model_path(cfg))
     if role != "colocated":
         dram = cfg.offload.dram(cfg.model.max_model_len)
         kwargs["kv_transfer_config"] = KVTransferConfig(
@@ -44,30 +148,7 @@ def build_engine(cfg: Config, role: Role, *, cpus: str | None,
             kv_role="kv_producer" if role == "prefill" else "kv_consumer",
             kv_buffer_device="cpu" if _on_cpu() else "cuda",
         )
-    if cfg.model.block_size:
-        kwargs["block_size"] = cfg.model.block_size
-    if role == "prefill" and cfg.offload.dram(cfg.model.max_model_len):
-        # With async scheduling the engine schedules step N+1 before it has processed step N's
-        # output, so a request that finished in step N gets its blocks written only after step
-        # N+1's forward pass: one whole prefill chunk later (seconds on a CPU). Scheduled in
-        # step, the write starts before the very next forward pass.
-        kwargs["async_scheduling"] = False
-    if role == "decode" and cfg.model.decode_kv_blocks:
-        kwargs["num_gpu_blocks_override"] = cfg.model.decode_kv_blocks
-    if role == "prefill" and cfg.model.prefill_chunk_tokens:
-        kwargs["max_num_batched_tokens"] = cfg.model.prefill_chunk_tokens
-    tp = cfg.model.decode_tp if role == "decode" else cfg.model.prefill_tp
-    args = AsyncEngineArgs(
-        model=model_path(cfg),
-        dtype=cfg.model.dtype,
-        max_model_len=cfg.model.max_model_len,
-        tensor_parallel_size=tp,
-        gpu_memory_utilization=cfg.model.gpu_memory_utilization,
-        enforce_eager=cfg.model.enforce_eager,
-        seed=0,
-        disable_log_stats=True,
-        **kwargs,
-    )
+    args = AsyncEngineArgs(**kwargs)
     loggers = [step_recorder_factory(recorder)] if recorder is not None else None
     engine = AsyncLLM.from_engine_args(args, stat_loggers=loggers)
     if cpus is not None:

@@ -19,7 +19,11 @@ status 2 from ``python -m pipeline``) naming the setting:
   ``str.format`` (:func:`pipeline.io.prompts.parse_template`);
 - a re-run into a ``run.dir`` that holds results (done markers or row checkpoints): every
   setting that changes which rows are read or what they produce must be as before; all that
-  differ are named.
+  differ are named;
+- vLLM engine arguments (``model.engine_kwargs`` and the per-pool dicts): known fields, not
+  owned by the pipeline, values vLLM accepts, prefill and decode agreeing on the KV layout
+  (:mod:`.engine_args`);
+- a fixed ``transport.base_port`` whose ports are taken on this host (local runs).
 
 The :class:`Plan` it returns says what would run (``--dry-run`` prints :meth:`Plan.describe`).
 Unknown keys, ``+key=value`` included, are refused earlier, by :func:`pipeline.config.compose`.

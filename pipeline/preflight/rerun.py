@@ -21,7 +21,8 @@ RESULT_KEYS = (
     *(f"job.sampling.{f.name}" for f in fields(SamplingConfig)),
     "job.rag", "job.rag.corpus", "job.rag.embedding_model", "job.rag.chunk_size", "job.rag.overlap",
     "job.rag.top_k", "job.rag.template",
-    "model.path", "model.source", "model.name", "model.dtype", "model.max_model_len",
+    "model.path", "model.source", "model.name", "model.dtype", "model.max_model_len", "model.seed",
+    "model.engine_kwargs", "model.prefill_engine_kwargs", "model.decode_engine_kwargs",
 )
 _ABSENT = object()
 
