@@ -7,7 +7,10 @@ in ONE colocated run over one input tree (one engine start):
   the same relative paths, the partition key kept; also a name with spaces and `=`, and one so
   long that a suffix would overflow the 255-byte name limit;
 - 08 `job.too_long=truncate` leaves room for `job.sampling.max_new_tokens`;
-- shards with different schemas read back as one dataset (`submit(...).result()`'s reader).
+- shards with different schemas read back as one dataset (`submit(...).result()`'s reader);
+- JSON Lines and CSV shards beside the Parquet ones (same text column), each with lines that
+  cannot become rows (not JSON, not UTF-8, a CSV record with too many fields): those lines are
+  error rows that say which line and why, the others are served; the output is Parquet.
 
 Expected values come from the case table (../shared/cases/README.md) and hand counts, not from
 the pipeline's own output.
@@ -51,6 +54,15 @@ def cases_run(tmp_path_factory):
     # More of family 02: a name with spaces and "=", and a very long one.
     for name in (ODD_NAME, LONG_NAME):
         pq.write_table(pa.table({"id": [name[:5]], "text": ["A short note about tea."]}), inp / name)
+    # JSON Lines and CSV shards (the same text column), each with bad lines among good ones.
+    (inp / "text").mkdir()
+    (inp / "text" / "notes.jsonl").write_bytes(b"".join([
+        b'{"id": "j1", "text": "A note about bread.", "score": 1}\n', b"\n", b"{not json\n",
+        b'{"id": "j3", "text": "caf\xe9 au lait"}\n', b'["an", "array"]\n',
+        b'{"id": "j5", "text": "A note about cheese.", "score": 2.5}\n']))
+    (inp / "text" / "table.csv").write_bytes(
+        b'id,text,score\nc1,"A note, with a comma, about tea.",3\nc2,too,many,fields\n'
+        b'c3,"A note about\ncoffee over two lines.",4\n')
     out = base / "output"
     p = run_pipeline(*COMMON, "pools=colocated", f"run.dir={base / 'run'}", f"job.input={inp}",
                      f"job.output={out}", f"model.max_model_len={MAX_LEN}", "job.too_long=truncate",
@@ -68,7 +80,7 @@ def test_every_shard_has_its_own_output_at_its_relative_path(cases_run):
     inp, out, run_dir = cases_run
     inputs = sorted(str(p.relative_to(inp)) for p in inp.rglob("*.parquet"))
     outputs = sorted(str(p.relative_to(out)) for p in out.rglob("*.parquet"))
-    assert outputs == inputs and len(inputs) == 7
+    assert outputs == sorted(inputs + ["text/notes.parquet", "text/table.parquet"]) and len(inputs) == 7
     for name in inputs:
         ids = pq.read_table(inp / name).column("id").to_pylist()
         ids = [i if isinstance(i, str) else json.dumps(i, sort_keys=True) for i in ids]
@@ -76,7 +88,7 @@ def test_every_shard_has_its_own_output_at_its_relative_path(cases_run):
     # No temporary file anywhere in the output.
     assert [p for p in out.rglob("*") if p.name.startswith(".")] == []
     done = RunDir(run_dir).done()
-    assert sorted(done) == inputs and all(done[n]["rows"] == pq.read_metadata(inp / n).num_rows for n in inputs)
+    assert sorted(done) == sorted(inputs + ["text/notes.jsonl", "text/table.csv"]) and all(done[n]["rows"] == pq.read_metadata(inp / n).num_rows for n in inputs)
 
 
 @pytest.mark.e2e
@@ -120,9 +132,29 @@ def test_odd_and_long_names_and_one_dataset_over_different_schemas(cases_run):
     inp, out, run_dir = cases_run
     assert _rows(out, ODD_NAME)[0]["generation"] and _rows(out, LONG_NAME)[0]["generation"]
     table = read_output(str(out)).to_table()
-    assert table.num_rows == sum(pq.read_metadata(p).num_rows for p in inp.rglob("*.parquet"))
+    assert table.num_rows == sum(pq.read_metadata(p).num_rows for p in inp.rglob("*.parquet")) + 5 + 3
     assert {"source", "lang"} <= set(table.column_names)  # docs.parquet's column, the hive key
     by_id = {json.dumps(r["id"]): r for r in table.to_pylist()}
     assert by_id['"en-1"']["lang"] == "en" and by_id['"u1"']["source"] is not None
     summary = json.loads((run_dir / "summary.json").read_text())
-    assert summary["shards_done"] == 7 and summary["rows"] == table.num_rows
+    assert summary["shards_done"] == 9 and summary["rows"] == table.num_rows
+
+
+@pytest.mark.e2e
+def test_jsonl_and_csv_shards_bad_lines_are_error_rows(cases_run):
+    _, out, _ = cases_run
+    notes = _rows(out, "text/notes.parquet")  # 5 lines that are not blank: 5 rows, in file order
+    assert [r["id"] for r in notes] == ["j1", None, "j3", None, "j5"]  # a bad byte keeps its line's id
+    assert "line_error" not in notes[0]  # the why is in the error column
+    assert notes[1]["error"].startswith("line 3 is not valid JSON")
+    assert notes[2]["error"].startswith("line 4 is not valid UTF-8")
+    assert notes[3]["error"] == "line 5 is a JSON array, not an object"
+    for r in (notes[0], notes[4]):
+        assert r["error"] is None and r["generation"] and r["prompt_tokens"] > 0
+    assert [r["score"] for r in notes] == [1.0, None, None, None, 2.5]  # typed from the head: double
+    table = _rows(out, "text/table.parquet")
+    assert [r["id"] for r in table] == ["c1", None, "c3"]
+    assert table[1]["error"] == "line 3 has 4 fields; the header has 3"
+    assert [r["score"] for r in table] == [3, None, 4]
+    for r in (table[0], table[2]):
+        assert r["error"] is None and r["generation"]

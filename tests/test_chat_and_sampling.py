@@ -3,7 +3,9 @@ sampling outputs (``stop_reason``, ``logprobs``, ``cumulative_logprob``), on rea
 input, run colocated, disaggregated with NIXL push, and disaggregated with NIXL pull through the
 decode DRAM tier. Checked against independent sources: the colocated run (plain vLLM), the
 model's chat template applied by its tokenizer, a JSON Schema validator, the regex itself, and
-the sum of the chosen tokens' log-probabilities.
+the sum of the chosen tokens' log-probabilities. The same input folder holds an OpenAI batch file
+(chat and completions requests, bad lines among them): its ``.jsonl`` output is checked field by
+field against the OpenAI batch output format, and against the Parquet output beside it.
 """
 
 from __future__ import annotations
@@ -68,7 +70,24 @@ def chat_input(tmp_path_factory):
                              "messages": pa.array([m for _, m, _ in ROWS],
                                                   pa.list_(pa.struct([("role", pa.string()), ("content", pa.string())]))),
                              "sampling_params": sampling}), d / "chat.parquet")
+    batch = [_request("b-chat", messages=ROWS[0][1], max_tokens=16, temperature=0),
+             _request("b-completion", COMPLETIONS, prompt="The capital of France is", max_tokens=6,
+                      logprobs=2, stop="\n"),
+             "{not json",
+             _request("b-json", messages=_user("Give a city and the year it was founded, as JSON."), max_tokens=64,
+                      response_format={"type": "json_schema", "json_schema": {"name": "c", "schema": SCHEMA}}),
+             _request("b-embeddings", "/v1/embeddings", input="x"),
+             _request("b-chat-logprobs", messages=_user("Say hello."), max_completion_tokens=5, logprobs=True,
+                      top_logprobs=2)]
+    (d / "requests.jsonl").write_text("".join((b if isinstance(b, str) else json.dumps(b)) + "\n" for b in batch))
     return d
+
+
+CHAT_URL, COMPLETIONS = "/v1/chat/completions", "/v1/completions"
+
+
+def _request(cid: str, url: str = CHAT_URL, **body) -> dict:
+    return {"custom_id": cid, "method": "POST", "url": url, "body": {"model": "smollm2", **body}}
 
 
 @pytest.fixture(scope="module")
@@ -170,3 +189,63 @@ def test_min_tokens_and_ignore_eos(runs):
     for run in runs.values():
         r = _rows(run)["ignore-eos"]
         assert r["output_tokens"] == 12 and r["finish_reason"] == "length"
+
+
+def _batch_lines(run: Run) -> list[dict]:
+    return [json.loads(line) for line in (run.output / "requests.jsonl").read_text().splitlines()]
+
+
+def test_openai_batch_file_output_format_and_modes_agree(runs):
+    from pipeline.config import compose
+    from pipeline.engine.model import load_tokenizer
+
+    tok = load_tokenizer(compose(["+job=summarize"]))
+    lines = {mode: _batch_lines(run) for mode, run in runs.items()}
+    base = lines["colocated"]
+    # One line per request, in input order; the bad lines are error lines, none lost.
+    assert [line["custom_id"] for line in base] == ["b-chat", "b-completion", None, "b-json", "b-embeddings",
+                                                    "b-chat-logprobs"]
+    for mode, got in lines.items():
+        assert [line["custom_id"] for line in got] == [line["custom_id"] for line in base], mode
+        for line, want in zip(got, base):
+            assert set(line) == {"id", "custom_id", "response", "error"} and line["id"].startswith("batch_req_")
+            if want["error"] is None:  # greedy requests: the same text in every mode
+                assert line["error"] is None and line["response"]["status_code"] == 200, (mode, line)
+                assert ([c.get("text", c.get("message", {}).get("content")) for c in line["response"]["body"]["choices"]]
+                        == [c.get("text", c.get("message", {}).get("content")) for c in want["response"]["body"]["choices"]])
+    by_id = {line["custom_id"]: line for line in base}
+    for bad, code in ((base[2], "invalid_request"), (by_id["b-embeddings"], "invalid_request")):
+        assert bad["response"]["status_code"] == 400 and bad["response"]["body"] is None
+        assert bad["error"]["code"] == code
+    assert base[2]["error"]["message"].startswith("line 3 is not valid JSON")
+    assert "/v1/embeddings" in by_id["b-embeddings"]["error"]["message"]
+
+    chat = by_id["b-chat"]["response"]["body"]
+    assert chat["object"] == "chat.completion" and chat["model"] == "smollm2"
+    (choice,) = chat["choices"]
+    assert choice["index"] == 0 and choice["message"]["role"] == "assistant" and choice["finish_reason"] in ("stop", "length")
+    # The prompt is the chat template over the messages, as vLLM's run-batch renders it.
+    want = tok.apply_chat_template(ROWS[0][1], add_generation_prompt=True, tokenize=True)
+    want = want["input_ids"] if hasattr(want, "keys") else want
+    usage = chat["usage"]
+    assert usage["prompt_tokens"] == len(want) and 0 < usage["completion_tokens"] <= 16
+    assert usage["total_tokens"] == usage["prompt_tokens"] + usage["completion_tokens"]
+    # The Parquet output beside it has the same generation for the same row.
+    parquet = {r["id"]: r for r in runs["colocated"].rows("requests.parquet")}
+    assert choice["message"]["content"] == parquet["b-chat"]["generation"]
+    assert len(parquet) == 6 and parquet["b-embeddings"]["generation"] is None
+
+    completion = by_id["b-completion"]["response"]["body"]
+    assert completion["object"] == "text_completion"
+    text = completion["choices"][0]["text"]
+    assert "\n" not in text and completion["usage"]["prompt_tokens"] == len(
+        tok("The capital of France is", add_special_tokens=False)["input_ids"])
+    lp = completion["choices"][0]["logprobs"]
+    assert "".join(lp["tokens"]) == text or completion["choices"][0]["finish_reason"] == "stop"
+    assert all(len(top) <= 2 for top in lp["top_logprobs"]) and len(lp["token_logprobs"]) == len(lp["tokens"])
+    assert lp["token_logprobs"] == [max(top.values()) for top in lp["top_logprobs"]]  # greedy: the best token
+
+    jsonschema.validate(json.loads(by_id["b-json"]["response"]["body"]["choices"][0]["message"]["content"]), SCHEMA)
+    content = by_id["b-chat-logprobs"]["response"]["body"]["choices"][0]["logprobs"]["content"]
+    assert 0 < len(content) <= 5 and all(len(t["top_logprobs"]) == 2 for t in content)
+    assert all(t["logprob"] == t["top_logprobs"][0]["logprob"] for t in content)

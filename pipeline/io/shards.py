@@ -5,11 +5,19 @@ is named by its path relative to the input root (``lang=en/part-0.parquet``): th
 output file under ``job.output``, its done marker, its checkpoints and its metrics, so shards with
 the same base name in different folders stay apart and the input's layout (hive partition keys
 included) is kept. Paths are fsspec URLs or local paths (``/data``, ``file:///data``, ``s3://b/p``).
+
+A shard is Parquet, JSON Lines (``.jsonl``, ``.json``, ``.ndjson``) or CSV (``.csv``), each file
+by its extension (:mod:`pipeline.io.formats`); a JSON Lines file whose first valid line is an
+OpenAI batch request is read as an OpenAI batch file (:mod:`pipeline.io.openai_batch`). Its
+output shard is Parquet whatever its format: the shard's name with its extension replaced by
+``.parquet`` (an OpenAI batch file also gets a ``.jsonl`` beside it).
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
+import itertools
 import posixpath
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,7 +27,9 @@ import fsspec
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from pipeline.io import formats
 from pipeline.io.atomic import NAME_MAX, url_to_fs
+from pipeline.io.openai_batch import REQUEST_SCHEMA, is_request, request_batch
 from pipeline.io.output import ids_as_keys
 
 GLOB_CHARS = set("*?[")
@@ -53,13 +63,14 @@ def _glob_root(path: str) -> str:
 
 
 def list_shards(input_url: str) -> list[Shard]:
-    """List the Parquet shards of ``input_url``: a directory (every ``*.parquet`` file below it,
-    found by ``pyarrow.dataset`` discovery, hidden ``.``/``_`` files skipped), a glob (names
-    relative to the glob's fixed leading directory), or one file (named by its base name).
-    Sorted by path, so shard indices are stable between runs.
+    """List the shards of ``input_url``: a directory (every ``*.parquet``, ``*.jsonl``,
+    ``*.json``, ``*.ndjson`` and ``*.csv`` file below it, found by ``pyarrow.dataset``
+    discovery, hidden ``.``/``_`` files skipped), a glob (names relative to the glob's fixed
+    leading directory), or one file (named by its base name; read by its extension, Parquet
+    when it has none of those). Sorted by path, so shard indices are stable between runs.
 
     Raises:
-        FileNotFoundError: nothing exists at ``input_url`` or it holds no ``.parquet`` file.
+        FileNotFoundError: nothing exists at ``input_url`` or it holds no shard.
     """
     import pyarrow.dataset as ds
 
@@ -72,7 +83,7 @@ def list_shards(input_url: str) -> list[Shard]:
         root = path
         # An explicit (empty) schema: discovery only, no file is opened here.
         found = ds.dataset(path, filesystem=fs, format="parquet", schema=pa.schema([]))
-        paths = [p for p in found.files if p.endswith(".parquet")]
+        paths = [p for p in found.files if formats.file_format(p)]
     elif fs.isfile(path):
         root, paths = posixpath.dirname(path), [path]
     else:
@@ -80,7 +91,7 @@ def list_shards(input_url: str) -> list[Shard]:
     named = sorted((posixpath.relpath(p, root), p) for p in paths)
     named = [(name, p) for name, p in named if not _hidden(name)]
     if not named:
-        raise FileNotFoundError(f"job.input: no .parquet shards in {input_url}")
+        raise FileNotFoundError(f"job.input: no .parquet shards (nor .jsonl, .json, .ndjson or .csv files) in {input_url}")
     return [Shard(i, _unstrip(fs, p), name) for i, (name, p) in enumerate(named)]
 
 
@@ -101,14 +112,43 @@ def shard_path(base: Path, name: str, suffix: str = "") -> Path:
 def read_shard(shard: Shard) -> pa.Table:
     """Read a whole input shard (all columns); for small tables only (the RAG corpus): shard
     owners stream their shards with :func:`iter_batches`."""
-    fs, path = url_to_fs(shard.url)
-    with fs.open(path, "rb") as f:
-        return pq.read_table(f)
+    if shard_format(shard) == "parquet":
+        fs, path = url_to_fs(shard.url)
+        with fs.open(path, "rb") as f:
+            return pq.read_table(f)
+    return pa.Table.from_batches([b for _, b in iter_batches(shard, 65536)], schema=shard_schema(shard))
+
+
+def output_name(name: str) -> str:
+    """The output shard's name for input shard ``name``: its extension replaced by
+    ``.parquet`` (``a/b.jsonl`` -> ``a/b.parquet``)."""
+    if formats.file_format(name) in (None, "parquet"):
+        return name
+    return name[:name.rfind(".")] + ".parquet"
 
 
 def output_url(output_dir: str, shard: Shard) -> str:
-    """Where ``shard``'s output goes: its relative path under ``output_dir``."""
-    return posixpath.join(output_dir.rstrip("/"), shard.name)
+    """Where ``shard``'s output goes: its relative path under ``output_dir``, as Parquet
+    (:func:`output_name`)."""
+    return posixpath.join(output_dir.rstrip("/"), output_name(shard.name))
+
+
+def batch_output_url(output_dir: str, shard: Shard) -> str:
+    """Where an OpenAI batch file's output lines go: beside its output shard, ``.jsonl``."""
+    return output_url(output_dir, shard).removesuffix(".parquet") + ".jsonl"
+
+
+def output_clashes(shards: list[Shard]) -> list[tuple[str, str, str]]:
+    """(shard, other shard, the output name both would write) for shards whose output names
+    meet (``a/b.jsonl`` and ``a/b.parquet``)."""
+    first: dict[str, str] = {}
+    out = []
+    for s in shards:
+        name = output_name(s.name)
+        if name in first:
+            out.append((first[name], s.name, name))
+        first.setdefault(name, s.name)
+    return out
 
 
 def output_files(output_dir: str) -> list[str]:
@@ -146,20 +186,67 @@ def read_output(output_dir: str):
                       partition_base_dir=root)
 
 
+@functools.lru_cache(maxsize=4096)
+def _sniff(url: str) -> str:
+    """``openai_batch`` when the first line of the JSON Lines file at ``url`` that is a JSON
+    value (within its first :data:`~pipeline.io.formats.HEAD_ROWS` lines) is an OpenAI batch
+    request (:func:`~pipeline.io.openai_batch.is_request`), else ``jsonl``."""
+    fs, path = url_to_fs(url)
+    with fs.open(path, "rb") as f:
+        for _, value in itertools.islice(formats.json_lines(f), formats.HEAD_ROWS):
+            if not isinstance(value, str):  # a string is why the line does not parse
+                return "openai_batch" if is_request(value) else "jsonl"
+    return "jsonl"
+
+
+def shard_format(shard: Shard) -> str:
+    """How the shard is read: ``parquet``, ``jsonl``, ``openai_batch`` or ``csv`` (see the
+    module's docstring); JSON Lines files are opened to tell plain rows from batch requests."""
+    fmt = formats.file_format(shard.name) or "parquet"
+    return _sniff(shard.url) if fmt == "jsonl" else fmt
+
+
+def _text_batches(fmt: str, f, rows: int) -> tuple[pa.Schema, Iterator[pa.RecordBatch]]:
+    """The schema and record batches of a JSON Lines, OpenAI batch or CSV shard open as ``f``."""
+    if fmt == "openai_batch":
+        return REQUEST_SCHEMA, (request_batch(c) for c in formats.chunks(formats.json_lines(f), rows))
+    return (formats.csv_batches if fmt == "csv" else formats.json_batches)(f, rows)
+
+
 def shard_schema(shard: Shard) -> pa.Schema:
-    """The shard's Arrow schema, from its Parquet footer (no row data is read)."""
+    """The shard's Arrow schema: Parquet's from its footer (no row data is read); JSON Lines and
+    CSV from the file's first rows (:mod:`pipeline.io.formats`); an OpenAI batch file's is
+    :data:`~pipeline.io.openai_batch.REQUEST_SCHEMA`."""
+    fmt = shard_format(shard)
+    if fmt == "openai_batch":
+        return REQUEST_SCHEMA
     fs, path = url_to_fs(shard.url)
     with fs.open(path, "rb") as f:
-        return pq.ParquetFile(f).schema_arrow
+        return pq.ParquetFile(f).schema_arrow if fmt == "parquet" else _text_batches(fmt, f, 1)[0]
+
+
+def shard_rows(shard: Shard) -> int:
+    """The shard's rows: Parquet's from its footer; JSON Lines and CSV by reading the file
+    through once (:func:`pipeline.io.formats.count_rows`)."""
+    fmt = shard_format(shard)
+    fs, path = url_to_fs(shard.url)
+    with fs.open(path, "rb") as f:
+        return pq.ParquetFile(f).metadata.num_rows if fmt == "parquet" else formats.count_rows(fmt, f)
 
 
 def iter_batches(shard: Shard, rows: int, columns: list[str] | None = None) -> Iterator[tuple[int, pa.RecordBatch]]:
     """The shard's rows (``columns``, default all) as ``(first row index, record batch)`` of at
-    most ``rows`` rows each, read one batch at a time (memory holds one batch, not the shard)."""
+    most ``rows`` rows each, read one batch at a time (memory holds one batch, not the shard).
+    JSON Lines and CSV shards are parsed whole and their batches cut to ``columns``."""
+    fmt = shard_format(shard)
     fs, path = url_to_fs(shard.url)
     with fs.open(path, "rb") as f:
+        if fmt == "parquet":
+            batches = pq.ParquetFile(f).iter_batches(batch_size=rows, columns=columns)
+        else:
+            batches = (b.select(columns) if columns is not None else b for b in _text_batches(fmt, f, rows)[1])
         first = 0
-        for batch in pq.ParquetFile(f).iter_batches(batch_size=rows, columns=columns):
+        for batch in batches:
             yield first, batch
             first += batch.num_rows
 

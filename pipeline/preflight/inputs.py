@@ -1,4 +1,5 @@
-"""Preflight: the templates, and the input's schema from the Parquet footers (no row data)."""
+"""Preflight: the templates, and the input's schema from the Parquet footers (no row data), or
+from the head of a JSON Lines or CSV shard (they have no footer)."""
 
 from __future__ import annotations
 
@@ -9,9 +10,10 @@ import pyarrow.parquet as pq
 
 from pipeline.config import Config, ConfigError
 from pipeline.io.atomic import url_to_fs
+from pipeline.io.openai_batch import is_request_batch
 from pipeline.io.output import RESULT_SCHEMA, passthrough_names
 from pipeline.io.prompts import parse_template
-from pipeline.io.shards import Shard
+from pipeline.io.shards import Shard, output_clashes, shard_format, shard_rows, shard_schema
 from pipeline.preflight.locations import one_line
 from pipeline.rag.retrieve import DEFAULT_TEMPLATE, TEMPLATE_SLOTS
 
@@ -41,7 +43,9 @@ def check_templates(cfg: Config) -> None:
 
 
 def _footer(shard: Shard) -> tuple[pa.Schema | None, int | None, str | None]:
-    """(schema, rows, None) from the shard's footer, or (None, None, why it does not parse)."""
+    """(schema, rows, None) from the shard's footer (Parquet), or from its head and one pass
+    counting its rows (JSON Lines, CSV: no footer; :func:`pipeline.io.shards.shard_rows`), or
+    (None, None, why it does not parse)."""
     fs, path = url_to_fs(shard.url)
     try:
         f = fs.open(path, "rb")
@@ -49,6 +53,8 @@ def _footer(shard: Shard) -> tuple[pa.Schema | None, int | None, str | None]:
         raise ConfigError(f"job.input: cannot read {shard.url}: {one_line(exc)}") from None
     with f:
         try:
+            if shard_format(shard) != "parquet":
+                return shard_schema(shard), shard_rows(shard), None
             meta = pq.ParquetFile(f)
             return meta.schema_arrow, meta.metadata.num_rows, None
         except (OSError, ValueError, pa.ArrowException) as exc:
@@ -56,14 +62,18 @@ def _footer(shard: Shard) -> tuple[pa.Schema | None, int | None, str | None]:
 
 
 def read_footers(shards: list[Shard]) -> tuple[list[pa.Schema | None], list[int | None], dict[str, str]]:
-    """Each shard's schema and row count from its footer (no row data; up to
-    :data:`FOOTER_THREADS` read at a time), and why for the shards whose footer does not parse
-    (``None`` schema and rows): those are left to fail on their own when their owner reads
-    them, and the others run.
+    """Each shard's schema and row count (:func:`_footer`; up to :data:`FOOTER_THREADS` read
+    at a time), and why for the shards whose footer does not parse (``None`` schema and rows):
+    those are left to fail on their own when their owner reads them, and the others run.
 
     Raises:
-        ConfigError: ``job.input``: a shard cannot be opened (permission, vanished ...).
+        ConfigError: ``job.input``: a shard cannot be opened (permission, vanished ...), or two
+            shards would write the same output shard (``a/b.jsonl`` and ``a/b.parquet``).
     """
+    if clashes := output_clashes(shards):
+        first, other, name = clashes[0]
+        raise ConfigError(f"job.input: shards {first} and {other} would both write the output shard {name}; "
+                          f"rename or move one")
     with ThreadPoolExecutor(FOOTER_THREADS) as pool:
         found = list(pool.map(_footer, shards))
     unreadable = {s.name: why for s, (_, _, why) in zip(shards, found) if why is not None}
@@ -112,6 +122,8 @@ def check_columns(cfg: Config, schemas: list[pa.Schema | None], names: list[str]
     column = job.prompt_column
     key = "job.messages_column" if job.messages_column else "job.text_column"
     for name, schema in readable:
+        if is_request_batch(schema):  # an OpenAI batch file: its requests say what the prompt is
+            continue
         if column not in schema.names:
             raise ConfigError(f"{key}: column {column!r} is not in shard {name} "
                               f"(columns: {', '.join(schema.names)})")

@@ -15,11 +15,14 @@ import pyarrow.parquet as pq
 
 from pipeline.io.atomic import atomic_write
 from pipeline.io.checkpoint import RowCheckpoint
+from pipeline.io.formats import LINE_ERROR, line_errors
 from pipeline.io.metrics import request_record, write_request_metrics
+from pipeline.io.openai_batch import REQUEST_SAMPLING, is_request_batch, request_prompts, write_batch_output
 from pipeline.io.output import RowResult, build_output, output_schema, row_ids
 from pipeline.io.prompts import Prompt, make_prompts
 from pipeline.io.sampling import row_sampling
-from pipeline.io.shards import Shard, duplicate_id_rows, iter_batches, output_url, shard_schema, text_values
+from pipeline.io.shards import (Shard, batch_output_url, duplicate_id_rows, iter_batches, output_url, shard_schema,
+                                 text_values)
 from pipeline.roles.errors import is_worker_failure
 from pipeline.runtime.ids import row_key
 from pipeline.runtime.rundir import RunDir
@@ -175,16 +178,22 @@ class ShardOwner:
         n = batch.rows.num_rows
         keys = [row_key(self.shard.index, batch.first_row + i) for i in range(n)]
         column = self.job.prompt_column
-        if column not in names:  # refused at start; a shard replaced since still fails row by row
+        errors = line_errors(batch.rows, batch.first_row, duplicates)  # JSON Lines / CSV lines that did not parse
+        if is_request_batch(batch.rows.schema):  # OpenAI batch requests, whatever the job's columns
+            prompts = await asyncio.to_thread(request_prompts, batch.rows, keys, self.job, self.tokenizer,
+                                              self.cfg.model.max_model_len, batch.first_row, errors,
+                                              self._samplings(batch.rows, REQUEST_SAMPLING))
+        elif column not in names:  # refused at start; a shard replaced since still fails row by row
             missing = (f"column {column!r} is not in the shard (columns: {', '.join(names)}); "
                        f"set job.{'messages' if self.job.messages_column else 'text'}_column")
             yield [Prompt(row=batch.first_row + i, row_key=k, error=missing) for i, k in enumerate(keys)]
             return
-        texts = (batch.rows.column(column).to_pylist() if self.job.messages_column
-                 else text_values(batch.rows, column))
-        prompts = await asyncio.to_thread(make_prompts, texts, keys, self.job, self.tokenizer,
-                                          self.cfg.model.max_model_len, first_row=batch.first_row,
-                                          row_errors=duplicates, samplings=self._samplings(batch.rows))
+        else:
+            texts = (batch.rows.column(column).to_pylist() if self.job.messages_column
+                     else text_values(batch.rows, column))
+            prompts = await asyncio.to_thread(make_prompts, texts, keys, self.job, self.tokenizer,
+                                              self.cfg.model.max_model_len, first_row=batch.first_row,
+                                              row_errors=errors, samplings=self._samplings(batch.rows))
         yield [p for p in prompts if p.row in self.resumed]
         todo = [p for p in prompts if p.row not in self.resumed]
         if self.job.rag is None or not todo:
@@ -196,10 +205,10 @@ class ShardOwner:
                                               self.cfg, self.tokenizer):
             yield ready
 
-    def _samplings(self, rows: pa.RecordBatch) -> list[SamplingConfig | str | None] | None:
-        """Each row's own sampling from ``job.sampling_column`` (None: the column is absent),
-        or why it is invalid (the row's error)."""
-        column = self.job.sampling_column
+    def _samplings(self, rows: pa.RecordBatch, column: str | None = None) -> list[SamplingConfig | str | None] | None:
+        """Each row's own sampling from ``column`` (default ``job.sampling_column``; None: the
+        column is absent), or why it is invalid (the row's error)."""
+        column = column or self.job.sampling_column
         if column not in rows.schema.names:
             return None
         out: list[SamplingConfig | str | None] = []
@@ -244,8 +253,11 @@ class ShardOwner:
         its name only when the whole shard is written."""
         job = self.job
         rag = job.rag is not None
-        schema = output_schema(await asyncio.to_thread(shard_schema, self.shard), job.id_column,
-                               job.prompt_column, rag, job.input_column_prefix)
+        input_schema = await asyncio.to_thread(shard_schema, self.shard)
+        batch_file = is_request_batch(input_schema)
+        if LINE_ERROR in input_schema.names:  # JSON Lines / CSV: a bad line's why is in the error column
+            input_schema = input_schema.remove(input_schema.get_field_index(LINE_ERROR))
+        schema = output_schema(input_schema, job.id_column, job.prompt_column, rag, job.input_column_prefix)
         url = output_url(self.run.output_dir(), self.shard)
         pending: list[asyncio.Task] = []
         with atomic_write(url) as f:
@@ -258,13 +270,17 @@ class ShardOwner:
                     finally:
                         for t in pending:
                             t.cancel()
-                    table = build_output(batch.rows, batch.ids, job.id_column, job.prompt_column, results,
+                    rows = batch.rows.select(input_schema.names)
+                    table = build_output(rows, batch.ids, job.id_column, job.prompt_column, results,
                                          rag=rag, prefix=job.input_column_prefix)
                     await asyncio.to_thread(writer.write_table, table.cast(schema))
                     self._count(results)
                 await self.checkpoint.flush()  # the last rows' metrics
             finally:
                 writer.close()
+        if batch_file:  # an OpenAI batch file: its output lines too, from the shard
+            await asyncio.to_thread(write_batch_output, url, batch_output_url(self.run.output_dir(), self.shard),
+                                    self.tokenizer)
 
     def _count(self, results: list[RowResult]) -> None:
         t = self.totals
