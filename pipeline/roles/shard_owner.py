@@ -264,7 +264,8 @@ class ShardOwner:
             writer = pq.ParquetWriter(f, schema)
             try:
                 while (batch := await self.queue.get()) is not None:
-                    pending = list(batch.tasks.values())
+                    # In row order: rows start resumed-first, and RAG rows sorted by their passages.
+                    pending = [batch.tasks[row] for row in sorted(batch.tasks)]
                     try:
                         results = await asyncio.gather(*pending)
                     finally:
