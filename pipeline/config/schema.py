@@ -136,6 +136,9 @@ class JobConfig:
     # A struct column whose non-null fields override job.sampling for their row (Ray Data LLM's
     # name); unknown fields or out-of-range values make that row an error row.
     sampling_column: str = "sampling_params"
+    # A string column naming each row's LoRA adapter (a key of model.lora); null or empty: the
+    # base model; another name: that row's error. Absent from a shard: every row on the base model.
+    lora_column: str = "lora"
     # Input columns named like an output column (a second pass over a run's output) are kept
     # under this prefix ("input_": input_generation, ...); null: such a clash is refused at start.
     input_column_prefix: Optional[str] = None
@@ -190,9 +193,12 @@ class ModelConfig:
     engine_kwargs: dict[str, Any] = field(default_factory=lambda: OmegaConf.create({}, flags={"struct": False}))
     prefill_engine_kwargs: dict[str, Any] = field(default_factory=lambda: OmegaConf.create({}, flags={"struct": False}))
     decode_engine_kwargs: dict[str, Any] = field(default_factory=lambda: OmegaConf.create({}, flags={"struct": False}))
+    # LoRA adapters: name -> PEFT adapter directory (model.lora.NAME=PATH); every engine of the
+    # run loads them all (pipeline.engine.lora) and job.lora_column picks one per row.
+    lora: dict[str, str] = field(default_factory=lambda: OmegaConf.create({}, flags={"struct": False}))
 
     def __post_init__(self) -> None:
-        for name in ("engine_kwargs", "prefill_engine_kwargs", "decode_engine_kwargs"):  # plain dicts from here on
+        for name in ("engine_kwargs", "prefill_engine_kwargs", "decode_engine_kwargs", "lora"):  # plain dicts from here on
             value = getattr(self, name)
             setattr(self, name, OmegaConf.to_container(value) if isinstance(value, DictConfig) else dict(value))
         _check(self.prefill_chunk_tokens is None or self.prefill_chunk_tokens >= 16, "model.prefill_chunk_tokens",

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from pipeline.config import Config
 from pipeline.engine.env import engine_env, parse_cpus, pin_descendants
+from pipeline.engine.lora import lora_engine_kwargs
 from pipeline.engine.model import model_path
 from pipeline.engine.steps import StepRecorder, step_recorder_factory
 
@@ -47,7 +48,8 @@ OWNED = {
     "seed": "use model.seed",
     "disable_log_stats": "the pipeline records every engine step itself (RUN_DIR/metrics/workers)",
     "kv_transfer_config": "transport= and offload= choose the KV connector; the role of each engine in it is its pool's",
-    # LoRA (model.lora) will own enable_lora, max_loras, max_lora_rank: add them here when it lands.
+    **{key: "use model.lora (name: adapter directory): the pipeline enables LoRA and sizes it for those adapters, "
+            "the same on every engine" for key in ("enable_lora", "max_loras", "max_lora_rank", "max_cpu_loras")},
 }
 
 #: Fields the pipeline sets for one role from its own settings: ``{role: {field: setting}}``. The
@@ -107,7 +109,7 @@ def pipeline_engine_kwargs(cfg: Config, role: Role) -> dict[str, Any]:
     }
     if cfg.model.block_size:
         out["block_size"] = cfg.model.block_size
-    return out
+    return {**out, **lora_engine_kwargs(cfg)}
 
 
 def engine_kwargs(cfg: Config, role: Role, model: str) -> dict[str, Any]:

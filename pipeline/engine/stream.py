@@ -12,6 +12,7 @@ from pipeline.config import SamplingConfig
 
 if TYPE_CHECKING:
     from vllm import SamplingParams
+    from vllm.lora.request import LoRARequest
     from vllm.v1.engine.async_llm import AsyncLLM
 
 
@@ -70,8 +71,10 @@ class FirstTokenTimeout(TimeoutError):
 
 
 async def stream(engine: "AsyncLLM", request_id: str, prompt_token_ids: list[int],
-                 params: "SamplingParams", first_token_timeout_s: float | None = None) -> Streamed:
-    """Run one request to completion, timestamping every output token as it arrives.
+                 params: "SamplingParams", first_token_timeout_s: float | None = None,
+                 lora_request: "LoRARequest | None" = None) -> Streamed:
+    """Run one request to completion, timestamping every output token as it arrives; with
+    ``lora_request``, through that LoRA adapter (:mod:`pipeline.engine.lora`).
 
     Raises:
         FirstTokenTimeout: no output within ``first_token_timeout_s`` seconds (the request is
@@ -80,7 +83,8 @@ async def stream(engine: "AsyncLLM", request_id: str, prompt_token_ids: list[int
             context).
     """
     out = Streamed()
-    outputs = aiter(engine.generate({"prompt_token_ids": prompt_token_ids}, params, request_id))
+    outputs = aiter(engine.generate({"prompt_token_ids": prompt_token_ids}, params, request_id,
+                                    lora_request=lora_request))
     try:
         first = True
         while True:

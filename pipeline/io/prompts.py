@@ -33,6 +33,7 @@ class Prompt:
     passage_ids: list[str] | None = None  # RAG: the retrieved passages, best first
     passage_scores: list[float] | None = None
     sampling: SamplingConfig | None = None  # the row's own sampling; None: job.sampling
+    lora: str | None = None  # the row's LoRA adapter (a key of model.lora); None: the base model
 
 
 def parse_template(template: str, key: str, slots: Collection[str] = (),

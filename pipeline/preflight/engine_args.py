@@ -37,6 +37,7 @@ import functools
 import logging
 import os
 import sys
+from pathlib import Path
 from typing import Any, Iterator
 
 from pipeline.config import Config, ConfigError
@@ -44,6 +45,7 @@ from pipeline.engine.build import (
     OWNED, ROLE_SETTINGS, Role, engine_kwargs, kwargs_settings, pipeline_engine_kwargs, role_engine_kwargs,
     user_engine_kwargs,
 )
+from pipeline.engine.lora import VLLM_RANKS, adapter_rank
 from pipeline.model.resolve import cache_dir
 from pipeline.preflight.locations import one_line
 
@@ -70,6 +72,26 @@ KV_SHARED = {
 _DICTS = ("model.engine_kwargs", "model.prefill_engine_kwargs", "model.decode_engine_kwargs")
 
 
+def check_lora(cfg: Config) -> None:
+    """Check ``model.lora``: each adapter a PEFT adapter directory on this host with a rank vLLM
+    serves (:func:`pipeline.engine.lora.adapter_rank`).
+
+    Raises:
+        ConfigError: ``model.lora.NAME: ...`` (no such directory, no ``adapter_config.json``, no
+            rank, a rank above 512).
+    """
+    for name, path in cfg.model.lora.items():
+        key = f"model.lora.{name}"
+        if not isinstance(path, str) or not Path(path).is_dir():
+            raise ConfigError(f"{key}: {path!r} is not a directory (a PEFT LoRA adapter: adapter_config.json and weights)")
+        try:
+            rank = adapter_rank(path)
+        except (OSError, ValueError) as exc:
+            raise ConfigError(f"{key}: {exc}") from None
+        if rank > VLLM_RANKS[-1]:
+            raise ConfigError(f"{key}: rank {rank} is above the largest vLLM serves ({VLLM_RANKS[-1]})")
+
+
 def check_engine_args(cfg: Config) -> None:
     """Check the engine arguments of ``cfg`` (see the module doc); returns at once when none is
     set. Cost: vLLM's import (5-10 s) and up to four ``create_engine_config`` calls (~1.5 s for
@@ -78,7 +100,8 @@ def check_engine_args(cfg: Config) -> None:
     Raises:
         ConfigError: one line naming the setting (``model.engine_kwargs.max_num_seq: ...``).
     """
-    if not any(getattr(cfg.model, d.split(".", 1)[1]) for d in _DICTS):
+    check_lora(cfg)
+    if not any(getattr(cfg.model, d.split(".", 1)[1]) for d in _DICTS) and not cfg.model.lora:
         return
     with _vllm_quietly():
         try:

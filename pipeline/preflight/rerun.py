@@ -16,13 +16,14 @@ from pipeline.runtime.rundir import RunDir
 # refuses a re-run that changes any of them. job.input and the output location are compared as
 # locations, the input's files from RUN_DIR/shards.json.
 RESULT_KEYS = (
-    "job.text_column", "job.id_column", "job.messages_column", "job.sampling_column", "job.prompt_template",
+    "job.text_column", "job.id_column", "job.messages_column", "job.sampling_column", "job.lora_column",
+    "job.prompt_template",
     "job.system_prompt", "job.too_long", "job.input_column_prefix",
     *(f"job.sampling.{f.name}" for f in fields(SamplingConfig)),
     "job.rag", "job.rag.corpus", "job.rag.embedding_model", "job.rag.chunk_size", "job.rag.overlap",
     "job.rag.top_k", "job.rag.template",
     "model.path", "model.source", "model.name", "model.dtype", "model.max_model_len", "model.seed",
-    "model.engine_kwargs", "model.prefill_engine_kwargs", "model.decode_engine_kwargs",
+    "model.engine_kwargs", "model.prefill_engine_kwargs", "model.decode_engine_kwargs", "model.lora",
 )
 _ABSENT = object()
 

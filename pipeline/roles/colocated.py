@@ -7,6 +7,7 @@ import asyncio
 import time
 
 from pipeline.engine.build import build_engine
+from pipeline.engine.lora import lora_request
 from pipeline.engine.model import load_tokenizer
 from pipeline.engine.steps import StepRecorder
 from pipeline.engine.stream import sampling_params, stream
@@ -33,7 +34,8 @@ async def _colocated(run: RunDir, task: int, n_tasks: int, cpus: str | None) -> 
     engine = build_engine(cfg, "colocated", cpus=cpus, recorder=recorder)
     async def serve(p: Prompt) -> RowResult:
         t0 = time.time()
-        s = await stream(engine, request_id(p.row_key), p.token_ids, sampling_params(p.sampling or cfg.job.sampling))
+        s = await stream(engine, request_id(p.row_key), p.token_ids, sampling_params(p.sampling or cfg.job.sampling),
+                         lora_request=lora_request(cfg, p.lora))
         return served_row(text=s.text, token_ids=s.token_ids, finish_reason=s.finish_reason, error=None,
                           token_times=s.token_times, prefill_start=t0, prefill_end=None,
                           prefill_worker=worker, prefix_cached_tokens=s.num_cached_tokens,

@@ -18,6 +18,7 @@ import zmq.asyncio
 from pipeline.config import Config, SamplingConfig
 from pipeline.engine.build import build_engine
 from pipeline.engine.kv_layout import kv_capacity_tokens
+from pipeline.engine.lora import lora_request
 from pipeline.engine.model import model_kv_bytes_per_token
 from pipeline.engine.steps import StepRecorder
 from pipeline.engine.stream import FirstTokenTimeout, Streamed, sampling_params, stream
@@ -203,7 +204,8 @@ class DecodeServer:
                                         f"{kv_timeout_s:g} s") from None
             params = sampling_params(SamplingConfig(**h.sampling), kv_transfer_params={
                 "dram_slots": slots, "dram_pool": {"path": str(self.pool.path), "num_slots": self.pool.num_slots}})
-            return await stream(self.engine, h.request_id, h.prompt_token_ids, params)
+            return await stream(self.engine, h.request_id, h.prompt_token_ids, params,
+                                lora_request=lora_request(self.cfg, h.lora))
         finally:
             await self.pool.release(slots)
 
@@ -215,7 +217,8 @@ class DecodeServer:
         kv_params = {k: v for k, v in h.kv_transfer_params.items() if k != "remote_prefill_cached_tokens"}
         params = sampling_params(SamplingConfig(**h.sampling), kv_transfer_params=kv_params)
         return await stream(self.engine, rid, h.prompt_token_ids, params,
-                            first_token_timeout_s=self.cfg.transport.kv_timeout_s)
+                            first_token_timeout_s=self.cfg.transport.kv_timeout_s,
+                            lora_request=lora_request(self.cfg, h.lora))
 
     async def _serve(self, peer: bytes, h: Handoff) -> None:
         arrived = time.time()

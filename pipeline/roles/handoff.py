@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from pipeline.config import Config
+from pipeline.engine.lora import lora_request
 from pipeline.engine.stream import Streamed, prefill_params, stream
 from pipeline.io.output import RowResult, served_row
 from pipeline.io.prompts import Prompt
@@ -101,7 +102,7 @@ class PrefillHandoff:
                 res = await self.router.handoff(Handoff(
                     row_key=p.row_key, request_id=rid, prefill_worker=self.worker, attempt=self.attempt,
                     prompt_token_ids=p.token_ids, sampling=dataclasses.asdict(sampling),
-                    kv_transfer_params=pre.kv_transfer_params, prefill_done_at=t_prefilled),
+                    kv_transfer_params=pre.kv_transfer_params, prefill_done_at=t_prefilled, lora=p.lora),
                     wait_s=self.cfg.transport.connect_timeout_s, route=route, rank=rank)
             except self.policy.RETRIED as exc:
                 # The KV this prefill produced is gone with that decode worker (or never
@@ -126,7 +127,8 @@ class PrefillHandoff:
             RuntimeError: vLLM returned no ``kv_transfer_params`` (no KV connector configured).
         """
         try:
-            pre = await stream(self.engine, rid, p.token_ids, prefill_params(kv_params))
+            pre = await stream(self.engine, rid, p.token_ids, prefill_params(kv_params),
+                               lora_request=lora_request(self.cfg, p.lora))
         except BaseException:
             if rank is not None:
                 await self.router.release(rank, rid)

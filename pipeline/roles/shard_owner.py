@@ -13,6 +13,7 @@ from pipeline.config import Config, SamplingConfig
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from pipeline.engine.lora import row_adapters
 from pipeline.io.atomic import atomic_write
 from pipeline.io.checkpoint import RowCheckpoint
 from pipeline.io.formats import LINE_ERROR, line_errors
@@ -194,9 +195,10 @@ class ShardOwner:
             prompts = await asyncio.to_thread(make_prompts, texts, keys, self.job, self.tokenizer,
                                               self.cfg.model.max_model_len, first_row=batch.first_row,
                                               row_errors=errors, samplings=self._samplings(batch.rows))
+        self._adapters(batch.rows, prompts)
         yield [p for p in prompts if p.row in self.resumed]
         todo = [p for p in prompts if p.row not in self.resumed]
-        if self.job.rag is None or not todo:
+        if self.job.rag is None or not todo or is_request_batch(batch.rows.schema):
             yield todo
             return
         from pipeline.rag.job import rag_prompt_batches
@@ -204,6 +206,16 @@ class ShardOwner:
         async for ready in rag_prompt_batches(todo, {batch.first_row + i: t for i, t in enumerate(texts)},
                                               self.cfg, self.tokenizer):
             yield ready
+
+    def _adapters(self, rows: pa.RecordBatch, prompts: list[Prompt]) -> None:
+        """Set each prompt's LoRA adapter from ``job.lora_column`` (absent: the base model for
+        all); a value that names no adapter of ``model.lora`` makes its row an error."""
+        column = self.job.lora_column
+        if column not in rows.schema.names:
+            return
+        for p, (name, why) in zip(prompts, row_adapters(rows.column(column).to_pylist(), column, self.cfg.model.lora)):
+            if p.error is None:
+                p.lora, p.error = name, why
 
     def _samplings(self, rows: pa.RecordBatch, column: str | None = None) -> list[SamplingConfig | str | None] | None:
         """Each row's own sampling from ``column`` (default ``job.sampling_column``; None: the

@@ -25,8 +25,9 @@ class Handoff(msgspec.Struct, tag="handoff"):
     decode worker that sees a newer attempt of a prefill worker drops what an older attempt left in
     flight (the prefill worker was restarted and serves those rows again). ``sampling`` is the
     row's :class:`~pipeline.config.SamplingConfig` as a dict (``job.sampling`` with the row's own
-    overrides), which the decode worker samples with. Times are wall-clock seconds since the epoch
-    (``time.time()``).
+    overrides), which the decode worker samples with. ``lora`` names the row's LoRA adapter
+    (``model.lora``; None: the base model): the decode engine computes with the same adapter the
+    KV was computed with. Times are wall-clock seconds since the epoch (``time.time()``).
     """
 
     row_key: str
@@ -37,6 +38,7 @@ class Handoff(msgspec.Struct, tag="handoff"):
     sampling: dict[str, Any]
     kv_transfer_params: dict[str, Any]
     prefill_done_at: float
+    lora: Optional[str] = None
 
 
 class Result(msgspec.Struct, tag="result"):
