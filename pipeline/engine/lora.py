@@ -18,6 +18,8 @@ from pipeline.config import Config
 if TYPE_CHECKING:
     from vllm.lora.request import LoRARequest
 
+#: The weight files of a PEFT adapter directory vLLM loads (one of them).
+ADAPTER_WEIGHTS = ("adapter_model.safetensors", "adapter_model.bin")
 #: The ranks vLLM accepts for ``max_lora_rank`` (``vllm.config.lora.MaxLoRARanks``).
 VLLM_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 

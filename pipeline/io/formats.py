@@ -154,7 +154,8 @@ def json_batches(f: IO[bytes], rows: int) -> tuple[pa.Schema, Iterator[pa.Record
 def csv_records(f: IO[bytes]) -> tuple[list[str], Iterator[tuple[int, list[str] | str]]]:
     """A CSV file's header and its records: (line number, fields, or why the record is not a
     row). Bytes that are not UTF-8 make their record an error (when it is converted)."""
-    reader = csv.reader(io.TextIOWrapper(f, "utf-8", errors="surrogateescape", newline=""))
+    # utf-8-sig: a byte-order mark (Excel's CSV export) is not part of the first column's name.
+    reader = csv.reader(io.TextIOWrapper(f, "utf-8-sig", errors="surrogateescape", newline=""))
     try:
         header = next(reader, [])
     except csv.Error:

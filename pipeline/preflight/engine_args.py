@@ -45,7 +45,7 @@ from pipeline.engine.build import (
     OWNED, ROLE_SETTINGS, Role, engine_kwargs, kwargs_settings, pipeline_engine_kwargs, role_engine_kwargs,
     user_engine_kwargs,
 )
-from pipeline.engine.lora import VLLM_RANKS, adapter_rank
+from pipeline.engine.lora import ADAPTER_WEIGHTS, VLLM_RANKS, adapter_rank
 from pipeline.model.resolve import cache_dir
 from pipeline.preflight.locations import one_line
 
@@ -78,7 +78,7 @@ def check_lora(cfg: Config) -> None:
 
     Raises:
         ConfigError: ``model.lora.NAME: ...`` (no such directory, no ``adapter_config.json``, no
-            rank, a rank above 512).
+            rank, a rank above 512, no weights file).
     """
     for name, path in cfg.model.lora.items():
         key = f"model.lora.{name}"
@@ -90,6 +90,8 @@ def check_lora(cfg: Config) -> None:
             raise ConfigError(f"{key}: {exc}") from None
         if rank > VLLM_RANKS[-1]:
             raise ConfigError(f"{key}: rank {rank} is above the largest vLLM serves ({VLLM_RANKS[-1]})")
+        if not any((Path(path) / f).is_file() for f in ADAPTER_WEIGHTS):
+            raise ConfigError(f"{key}: {path} has no adapter weights ({' or '.join(ADAPTER_WEIGHTS)})")
 
 
 def check_engine_args(cfg: Config) -> None:

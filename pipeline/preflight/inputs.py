@@ -10,6 +10,7 @@ import pyarrow.parquet as pq
 
 from pipeline.config import Config, ConfigError
 from pipeline.io.atomic import url_to_fs
+from pipeline.io.formats import LINE_ERROR
 from pipeline.io.openai_batch import is_request_batch
 from pipeline.io.output import RESULT_SCHEMA, passthrough_names
 from pipeline.io.prompts import parse_template
@@ -124,6 +125,8 @@ def check_columns(cfg: Config, schemas: list[pa.Schema | None], names: list[str]
     for name, schema in readable:
         if is_request_batch(schema):  # an OpenAI batch file: its requests say what the prompt is
             continue
+        if schema.names == [LINE_ERROR]:  # JSON Lines / CSV with no row in its head (empty, or no
+            continue                      # object lines): its rows, if any, are error rows that say why
         if column not in schema.names:
             raise ConfigError(f"{key}: column {column!r} is not in shard {name} "
                               f"(columns: {', '.join(schema.names)})")

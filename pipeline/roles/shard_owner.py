@@ -187,7 +187,8 @@ class ShardOwner:
         elif column not in names:  # refused at start; a shard replaced since still fails row by row
             missing = (f"column {column!r} is not in the shard (columns: {', '.join(names)}); "
                        f"set job.{'messages' if self.job.messages_column else 'text'}_column")
-            yield [Prompt(row=batch.first_row + i, row_key=k, error=missing) for i, k in enumerate(keys)]
+            yield [Prompt(row=batch.first_row + i, row_key=k, error=errors.get(batch.first_row + i) or missing)
+                   for i, k in enumerate(keys)]
             return
         else:
             texts = (batch.rows.column(column).to_pylist() if self.job.messages_column

@@ -12,9 +12,11 @@ from pipeline.engine.lora import lora_engine_kwargs, row_adapters
 from pipeline.preflight.engine_args import check_engine_args, check_lora
 
 
-def _adapter(path, r) -> str:
+def _adapter(path, r, weights: bool = True) -> str:
     path.mkdir(parents=True)
     (path / "adapter_config.json").write_text(json.dumps({"peft_type": "LORA", "r": r}))
+    if weights:
+        (path / "adapter_model.safetensors").write_bytes(b"")
     return str(path)
 
 
@@ -30,7 +32,8 @@ def test_refused_at_start_with_the_setting_named(tmp_path):
     for bad, why in [("/no/such/dir", "model.lora.x: '/no/such/dir' is not a directory"),
                      (str(tmp_path), "model.lora.x: .* has no adapter_config.json"),
                      (_adapter(tmp_path / "big", 1024), "model.lora.x: rank 1024 is above the largest vLLM serves"),
-                     (_adapter(tmp_path / "zero", 0), "model.lora.x: .*r \\(the LoRA rank\\) is 0")]:
+                     (_adapter(tmp_path / "zero", 0), "model.lora.x: .*r \\(the LoRA rank\\) is 0"),
+                     (_adapter(tmp_path / "bare", 8, weights=False), "model.lora.x: .* has no adapter weights")]:
         with pytest.raises(ConfigError, match=why):
             check_lora(compose(["+job=summarize", f"model.lora.x={bad}"]))
     for key in ("enable_lora", "max_loras", "max_lora_rank", "max_cpu_loras"):

@@ -131,3 +131,22 @@ def test_two_shards_writing_one_output_are_refused_at_start(tmp_path):
                                          "shard a/b.parquet; rename or move one")
     (src / "a" / "b.parquet").rename(src / "a" / "c.parquet")
     assert preflight(cfg).rows == [1, 1]
+
+
+def test_csv_byte_order_mark_empty_files_and_a_json_array_file(tmp_path):
+    inp = tmp_path / "in"
+    inp.mkdir()
+    (inp / "bom.csv").write_bytes(b"\xef\xbb\xbfid,text\r\n1,hello world\r\n2,second doc\r\n")  # Excel's export
+    (inp / "empty.csv").write_bytes(b"")
+    (inp / "nothing.jsonl").write_bytes(b"")
+    (inp / "array.json").write_text(json.dumps([{"id": 1, "text": "a"}, {"id": 2, "text": "b"}]))
+    shards = {s.name: s for s in list_shards(str(inp))}
+    assert shard_schema(shards["bom.csv"]).names == ["id", "text", formats.LINE_ERROR]
+    assert [r["id"] for r in _rows(shards["bom.csv"])] == [1, 2]
+    assert _rows(shards["empty.csv"]) == [] and _rows(shards["nothing.jsonl"]) == []
+    # One JSON document, not JSON Lines: one row that says so (the run serves it as an error row).
+    assert [r[formats.LINE_ERROR] for r in _rows(shards["array.json"])] == ["line 1 is a JSON array, not an object"]
+    # None of these is refused at start: the others' columns are checked, theirs become rows.
+    schemas, rows, _ = read_footers(list(shards.values()))
+    cfg = compose(["+job=summarize", f"job.input={inp}"])
+    assert check_columns(cfg, schemas, list(shards)) == {}
