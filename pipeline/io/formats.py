@@ -195,20 +195,40 @@ def _csv_parse(records: list[list[str]], names: list[str], types: dict[str, pa.D
 def csv_layout(header: list[str], head: list[tuple[int, list[str] | str]]) -> pa.Schema:
     """The schema of a CSV shard: the header's columns, typed by ``pyarrow.csv`` from the head
     records (all null there: string), and :data:`LINE_ERROR`."""
-    good = [r for _, r in head if isinstance(r, list)]
+    good = [[_replaced(v) for v in r] for _, r in head if isinstance(r, list)]  # bad bytes as U+FFFD
     types = {name: pa.string() for name in header}
     if good and header:
         try:
             table = _csv_parse(good, header, None)
             types = {f.name: pa.string() if pa.types.is_null(f.type) else f.type for f in table.schema}
-        except CONVERT_ERRORS:  # bytes that are not UTF-8 in the head: every column as text
+        except CONVERT_ERRORS:  # a header pyarrow refuses (duplicate names ...): every column as text
             pass
     return pa.schema([pa.field(n, types[n]) for n in header] + [pa.field(LINE_ERROR, pa.string())])
 
 
+def _replaced(value: str) -> str:
+    """A field read with ``surrogateescape``, its bytes that are not UTF-8 as U+FFFD."""
+    return value.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
+
+
+def _not_utf8(line: int, fields: list[str]) -> str:
+    """Why a CSV record is not a row: its first byte that is not UTF-8, as the JSON Lines reader
+    says it (the offset within its field, counted in bytes)."""
+    for value in fields:
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            raw = value.encode("utf-8", "surrogateescape")
+            offset = len(value[:exc.start].encode("utf-8", "surrogateescape"))
+            return f"line {line} is not valid UTF-8 (byte 0x{raw[offset]:02x} at offset {offset} of its field)"
+    return f"line {line} is not valid UTF-8"
+
+
 def csv_batch(items: list[tuple[int, list[str] | str]], schema: pa.Schema) -> pa.RecordBatch:
     """Rows of ``schema`` (:func:`csv_layout`) from (line number, fields or error) records; a
-    record that does not convert is a row with only :data:`LINE_ERROR` set."""
+    record that does not convert is a row with only :data:`LINE_ERROR` set, except one whose
+    only fault is bytes that are not UTF-8: it keeps its fields (U+FFFD for those bytes), so its
+    error row keeps its id."""
     names = [n for n in schema.names if n != LINE_ERROR]
     types = {f.name: f.type for f in schema if f.name != LINE_ERROR}
     errors = [r if isinstance(r, str) else None for _, r in items]
@@ -217,15 +237,22 @@ def csv_batch(items: list[tuple[int, list[str] | str]], schema: pa.Schema) -> pa
     try:
         table = _csv_parse([items[i][1] for i in good], names, types) if good else empty
     except CONVERT_ERRORS:  # find the records that do not convert, one by one
-        parsed = []
+        parsed, kept = [], []
         for i in good:
+            line, fields = items[i]
             try:
-                parsed.append(_csv_parse([items[i][1]], names, types))
+                parsed.append(_csv_parse([fields], names, types))
+                kept.append(i)
             except UnicodeEncodeError:
-                errors[i] = f"line {items[i][0]} is not valid UTF-8"
+                errors[i] = _not_utf8(line, fields)
+                try:  # keep its other fields (its id above all) with U+FFFD for the bad bytes
+                    parsed.append(_csv_parse([[_replaced(v) for v in fields]], names, types))
+                    kept.append(i)
+                except CONVERT_ERRORS:
+                    pass
             except CONVERT_ERRORS as exc:
-                errors[i] = f"line {items[i][0]}: {str(exc).splitlines()[0]}"
-        good = [i for i in good if errors[i] is None]
+                errors[i] = f"line {line}: {str(exc).splitlines()[0]}"
+        good = kept
         table = pa.concat_tables(parsed) if parsed else empty
     at = {i: k for k, i in enumerate(good)}
     table = table.take(pa.array([at.get(i) for i in range(len(items))], pa.int64()))

@@ -97,7 +97,7 @@ def test_csv_typed_from_its_head_with_quoted_newlines_bad_rows_and_late_misfits(
     assert rows[2] == {"id": None, "text": None, "score": None, "line_error": "line 5 has 4 fields; the header has 3"}
     assert rows[3] == {"id": 4, "text": 'say "hi"', "score": 1000.0, "line_error": None}
     assert rows[4]["id"] is None and rows[4]["line_error"].startswith("line 7: ")  # "five" is no int64
-    assert rows[5]["line_error"] == "line 8 is not valid UTF-8"
+    assert rows[5]["line_error"] == "line 8 is not valid UTF-8 (byte 0xff at offset 0 of its field)"
     assert rows[6] == {"id": 7, "text": "last", "score": None, "line_error": None}
     header_only = tmp_path / "empty.csv"
     header_only.write_text("id,text\n")
@@ -150,3 +150,12 @@ def test_csv_byte_order_mark_empty_files_and_a_json_array_file(tmp_path):
     schemas, rows, _ = read_footers(list(shards.values()))
     cfg = compose(["+job=summarize", f"job.input={inp}"])
     assert check_columns(cfg, schemas, list(shards)) == {}
+
+
+def test_csv_record_with_bytes_that_are_not_utf8_keeps_its_id(tmp_path):
+    (tmp_path / "bad.csv").write_bytes(b"id,text,n\n1,caf\xe9 ok,5\n2,fine,6\n")
+    (shard,) = list_shards(str(tmp_path))
+    rows = _rows(shard)
+    assert [r["id"] for r in rows] == [1, 2] and [r["n"] for r in rows] == [5, 6]
+    assert rows[0][formats.LINE_ERROR] == "line 2 is not valid UTF-8 (byte 0xe9 at offset 3 of its field)"
+    assert rows[1][formats.LINE_ERROR] is None and rows[1]["text"] == "fine"
