@@ -50,6 +50,11 @@ def chunks(items: Iterator[Any], size: int) -> Iterator[list[Any]]:
 # -- JSON Lines ---------------------------------------------------------------------------------
 
 
+def not_utf8(line: int, raw: bytes, offset: int, where: str = "") -> str:
+    """Why line ``line`` is not a row: the byte of ``raw`` at ``offset`` is not UTF-8."""
+    return f"line {line} is not valid UTF-8 (byte 0x{raw[offset]:02x} at offset {offset}{where})"
+
+
 def json_lines(f: IO[bytes]) -> Iterator[tuple[int, Any]]:
     """(line number from 1, the line's JSON value, or why it is not valid JSON as a string) for
     every line that is not blank. An object whose bytes are not all UTF-8 comes with
@@ -61,7 +66,7 @@ def json_lines(f: IO[bytes]) -> Iterator[tuple[int, Any]]:
         try:
             yield n, json.loads(line)
         except UnicodeDecodeError as exc:
-            why = f"line {n} is not valid UTF-8 (byte 0x{exc.object[exc.start]:02x} at offset {exc.start})"
+            why = not_utf8(n, exc.object, exc.start)
             try:  # keep the row's other fields (its id above all), the row an error
                 value = json.loads(line.decode("utf-8", "replace"))
             except (ValueError, RecursionError):
@@ -219,8 +224,7 @@ def _not_utf8(line: int, fields: list[str]) -> str:
             value.encode("utf-8")
         except UnicodeEncodeError as exc:
             raw = value.encode("utf-8", "surrogateescape")
-            offset = len(value[:exc.start].encode("utf-8", "surrogateescape"))
-            return f"line {line} is not valid UTF-8 (byte 0x{raw[offset]:02x} at offset {offset} of its field)"
+            return not_utf8(line, raw, len(value[:exc.start].encode("utf-8", "surrogateescape")), " of its field")
     return f"line {line} is not valid UTF-8"
 
 

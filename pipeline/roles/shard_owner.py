@@ -180,7 +180,8 @@ class ShardOwner:
         keys = [row_key(self.shard.index, batch.first_row + i) for i in range(n)]
         column = self.job.prompt_column
         errors = line_errors(batch.rows, batch.first_row, duplicates)  # JSON Lines / CSV lines that did not parse
-        if is_request_batch(batch.rows.schema):  # OpenAI batch requests, whatever the job's columns
+        requests = is_request_batch(batch.rows.schema)
+        if requests:  # OpenAI batch requests, whatever the job's columns
             prompts = await asyncio.to_thread(request_prompts, batch.rows, keys, self.job, self.tokenizer,
                                               self.cfg.model.max_model_len, batch.first_row, errors,
                                               self._samplings(batch.rows, REQUEST_SAMPLING))
@@ -199,7 +200,7 @@ class ShardOwner:
         self._adapters(batch.rows, prompts)
         yield [p for p in prompts if p.row in self.resumed]
         todo = [p for p in prompts if p.row not in self.resumed]
-        if self.job.rag is None or not todo or is_request_batch(batch.rows.schema):
+        if self.job.rag is None or not todo or requests:
             yield todo
             return
         from pipeline.rag.job import rag_prompt_batches
