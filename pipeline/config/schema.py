@@ -280,16 +280,20 @@ class TransportConfig:
     ``ucx_tls`` / ``ucx_net_devices`` become ``UCX_TLS`` / ``UCX_NET_DEVICES`` for NIXL's UCX
     backend (e.g. ``rc,ud,sm,self`` and ``mlx5_0:1`` on InfiniBand). ``nixl_progress_delay_us``:
     how long NIXL's progress thread waits in ``poll()`` for a UCX event (microseconds); 0 is
-    NIXL's own busy loop, which takes a core per worker (BENCHMARKS.md)."""
+    NIXL's own busy loop, which takes a core per worker (BENCHMARKS.md). ``prefill_idle_pause_ms``:
+    how long each empty step of a prefill engine that only holds KV for decode pauses
+    (milliseconds, :mod:`pipeline.engine.idle`); 0 is vLLM's pace (1 ms), which takes 0.6 of
+    the prefill worker's core while it holds KV."""
 
     name: str = MISSING
-    connector: str = "NixlPushConnector"
+    connector: str = "NixlConnector"
     host: Optional[str] = None
     interface: Optional[str] = None
     base_port: int = 0  # 0: pick free ports at start
     ucx_tls: Optional[str] = None
     ucx_net_devices: Optional[str] = None
     nixl_progress_delay_us: int = 1000
+    prefill_idle_pause_ms: float = 20.0
     connect_timeout_s: float = 600.0  # seconds a prefill worker waits for decode workers to come up
     handoff_timeout_s: float = 300.0  # seconds a hand-off may wait for its result
     handoff_retries: int = 2  # times a row is prefilled and handed off again after a lost decode
@@ -301,6 +305,7 @@ class TransportConfig:
         _check(self.kv_timeout_s > 0, "transport.kv_timeout_s", f"must be > 0, got {self.kv_timeout_s}")
         _check(self.handoff_retries >= 0, "transport.handoff_retries", f"must be >= 0, got {self.handoff_retries}")
         _check(self.nixl_progress_delay_us >= 0, "transport.nixl_progress_delay_us", f"must be >= 0, got {self.nixl_progress_delay_us}")
+        _check(self.prefill_idle_pause_ms >= 0, "transport.prefill_idle_pause_ms", f"must be >= 0, got {self.prefill_idle_pause_ms}")
         _check(0 <= self.base_port < 65000, "transport.base_port", f"must be in [0, 65000), got {self.base_port}")
 
 

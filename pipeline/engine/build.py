@@ -3,6 +3,8 @@ colocated engine, with the process environment vLLM's CPU backend and NIXL read 
 
 The engine's arguments (vLLM's ``AsyncEngineArgs``), lowest precedence first:
 
+0. the pipeline's defaults for a role (:data:`ROLE_DEFAULTS`), which any of the dicts below may
+   change;
 1. ``model.engine_kwargs``: any ``AsyncEngineArgs`` field, for every engine;
 2. ``model.prefill_engine_kwargs`` / ``model.decode_engine_kwargs``: that pool's engines only
    (colocated engines take ``model.engine_kwargs`` only);
@@ -63,6 +65,22 @@ ROLE_SETTINGS = {
 }
 
 
+#: Fields the pipeline sets for one role unless ``model.*engine_kwargs`` set them:
+#: ``{role: {field: (value, why)}}``.
+ROLE_DEFAULTS = {
+    "prefill": {
+        # With async scheduling the engine schedules step N+1 before it has processed step N's
+        # output: a prefill that ended in step N reaches its worker (and its KV the decode
+        # worker) only after step N+1's forward pass, a whole prefill chunk later (seconds on
+        # a CPU; BENCHMARKS.md, "Hand-off"). A prefill engine's steps are long, so scheduling
+        # them in step costs nothing measurable.
+        "async_scheduling": (False, "a finished prefill leaves at the end of its own step"),
+    },
+    "decode": {},
+    "colocated": {},
+}
+
+
 def kwargs_settings(role: Role) -> tuple[str, ...]:
     """The ``model.*`` settings whose engine kwargs reach an engine of ``role``, lowest precedence
     first: ``model.engine_kwargs``, then the pool's own (none for colocated engines)."""
@@ -85,10 +103,9 @@ def role_engine_kwargs(cfg: Config, role: Role) -> dict[str, Any]:
     if role == "prefill" and cfg.model.prefill_chunk_tokens:
         out["max_num_batched_tokens"] = cfg.model.prefill_chunk_tokens
     if role == "prefill" and cfg.offload.dram(cfg.model.max_model_len):
-        # With async scheduling the engine schedules step N+1 before it has processed step N's
-        # output, so a request that finished in step N gets its blocks written only after step
-        # N+1's forward pass: one whole prefill chunk later (seconds on a CPU). Scheduled in
-        # step, the write starts before the very next forward pass.
+        # As in ROLE_DEFAULTS, but required: with async scheduling a request that finished in
+        # step N gets its blocks written only after step N+1's forward pass. Scheduled in step,
+        # the write starts before the very next forward pass.
         out["async_scheduling"] = False
     if role == "decode" and cfg.model.decode_kv_blocks:
         out["num_gpu_blocks_override"] = cfg.model.decode_kv_blocks
@@ -115,8 +132,9 @@ def pipeline_engine_kwargs(cfg: Config, role: Role) -> dict[str, Any]:
 def engine_kwargs(cfg: Config, role: Role, model: str) -> dict[str, Any]:
     """Every ``AsyncEngineArgs`` keyword for an engine of ``role`` loading ``model`` (a directory
     or hub id), merged in the order of the module doc, without ``kv_transfer_config``."""
+    defaults = {key: value for key, (value, _) in ROLE_DEFAULTS[role].items()}
     merged = {key: value for key, (value, _) in user_engine_kwargs(cfg, role).items()}
-    return {**merged, **role_engine_kwargs(cfg, role), **pipeline_engine_kwargs(cfg, role), "model": model}
+    return {**defaults, **merged, **role_engine_kwargs(cfg, role), **pipeline_engine_kwargs(cfg, role), "model": model}
 
 
 def build_engine(cfg: Config, role: Role, *, cpus: str | None,
@@ -133,29 +151,37 @@ def build_engine(cfg: Config, role: Role, *, cpus: str | None,
             (the checks at start, :mod:`pipeline.preflight.engine_args`, catch most of the first).
     """
     os.environ.update(engine_env(cfg, cpus=cpus, side_channel=side_channel))
-    from vllm.config import KVTransferConfig
     from vllm.engine.arg_utils import AsyncEngineArgs
     from vllm.v1.engine.async_llm import AsyncLLM
 
     kwargs = engine_kwargs(cfg, role, model_path(cfg))
     if role != "colocated":
-        dram = cfg.offload.dram(cfg.model.max_model_len)
-        kwargs["kv_transfer_config"] = KVTransferConfig(
-            # offload=dram: KV goes through the decode worker's DRAM tier (pipeline.engine.dram_connector);
-            # else vLLM's NIXL connector of that name with a progress thread that sleeps in poll()
-            # (pipeline.engine.connector).
-            kv_connector="DramTierConnector" if dram else cfg.transport.connector,
-            kv_connector_module_path="pipeline.engine.dram_connector" if dram else "pipeline.engine.connector",
-            kv_connector_extra_config={"progress_delay_us": cfg.transport.nixl_progress_delay_us},
-            kv_role="kv_producer" if role == "prefill" else "kv_consumer",
-            kv_buffer_device="cpu" if _on_cpu() else "cuda",
-        )
+        kwargs["kv_transfer_config"] = kv_transfer_config(cfg, role)
     args = AsyncEngineArgs(**kwargs)
     loggers = [step_recorder_factory(recorder)] if recorder is not None else None
     engine = AsyncLLM.from_engine_args(args, stat_loggers=loggers)
     if cpus is not None:
         pin_descendants(parse_cpus(cpus))
     return engine
+
+
+def kv_transfer_config(cfg: Config, role: Literal["prefill", "decode"]):
+    """vLLM's ``KVTransferConfig`` for an engine of ``role``: the connector (``offload=dram``:
+    the DRAM tier's, :mod:`pipeline.engine.dram_connector`; else vLLM's NIXL connector named by
+    ``transport.connector``, :mod:`pipeline.engine.connector`) and its extra config: NIXL's
+    progress-thread delay (microseconds) and the pause of a prefill engine's empty steps
+    (seconds, :mod:`pipeline.engine.idle`)."""
+    from vllm.config import KVTransferConfig
+
+    dram = cfg.offload.dram(cfg.model.max_model_len)
+    return KVTransferConfig(
+        kv_connector="DramTierConnector" if dram else cfg.transport.connector,
+        kv_connector_module_path="pipeline.engine.dram_connector" if dram else "pipeline.engine.connector",
+        kv_connector_extra_config={"progress_delay_us": cfg.transport.nixl_progress_delay_us,
+                                   "idle_pause_s": cfg.transport.prefill_idle_pause_ms / 1e3},
+        kv_role="kv_producer" if role == "prefill" else "kv_consumer",
+        kv_buffer_device="cpu" if _on_cpu() else "cuda",
+    )
 
 
 def _on_cpu() -> bool:

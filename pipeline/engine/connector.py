@@ -1,9 +1,12 @@
-"""vLLM's NIXL connectors with a progress thread that does not spin (see :mod:`pipeline.engine.nixl_agent`).
+"""vLLM's NIXL connectors with a progress thread that does not spin (see :mod:`pipeline.engine.nixl_agent`),
+and, on prefill engines, empty steps paced while the engine only holds KV for decode
+(:mod:`pipeline.engine.idle`).
 
 Loaded by vLLM through ``KVTransferConfig(kv_connector_module_path="pipeline.engine.connector")``;
 ``transport.connector`` keeps vLLM's names (``NixlPushConnector``, ``NixlConnector``) and
 :func:`pipeline.engine.build.build_engine` selects the class of the same name here. Everything
-but the NIXL agent's progress-thread delay is vLLM's own connector, unchanged.
+but the NIXL agent's progress-thread delay and the pacing of a prefill engine's empty steps is
+vLLM's own connector, unchanged.
 
 ``kv_connector_extra_config["progress_delay_us"]``: the progress thread's ``poll()`` timeout in
 microseconds (``transport.nixl_progress_delay_us``; 0 = NIXL's busy loop, vLLM's default).
@@ -12,7 +15,11 @@ from __future__ import annotations
 
 from vllm.distributed.kv_transfer.kv_connector.v1.nixl import NixlPullConnector, NixlPushConnector
 
+from pipeline.engine.idle import idle_steps
 from pipeline.engine.nixl_agent import DEFAULT_PTHR_DELAY_US, with_progress_delay
+
+#: ``NixlConnectorMetadata`` fields that carry transfer work for the worker this step.
+_TRANSFER_FIELDS = ("reqs_to_recv", "reqs_to_save", "reqs_to_send", "push_registrations", "push_finished_blocks")
 
 
 def _delay_us(vllm_config) -> int:
@@ -23,6 +30,14 @@ class _ProgressDelayMixin:
     def __init__(self, vllm_config, role, kv_cache_config):
         with with_progress_delay(_delay_us(vllm_config)):
             super().__init__(vllm_config, role, kv_cache_config)
+        self._idle = idle_steps(vllm_config, role)
+
+    def build_connector_meta(self, scheduler_output):
+        meta = super().build_connector_meta(scheduler_output)
+        if self._idle is not None:
+            self._idle.step(scheduler_output.total_num_scheduled_tokens,
+                            any(getattr(meta, f, None) for f in _TRANSFER_FIELDS))
+        return meta
 
 
 class NixlPushConnector(_ProgressDelayMixin, NixlPushConnector):  # noqa: F811 (same name, on purpose)

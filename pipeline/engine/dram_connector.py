@@ -48,6 +48,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
 )
 from vllm.distributed.kv_transfer.kv_connector.v1.metrics import KVConnectorStats
 
+from pipeline.engine.idle import idle_steps
 from pipeline.engine.nixl_agent import DEFAULT_PTHR_DELAY_US, with_progress_delay
 from pipeline.engine.dram_pool import BlockRegions, copy_blocks, descriptors
 
@@ -127,6 +128,8 @@ class DramTierConnector(KVConnectorBase_V1):
         self._local_hits: dict[str, int] = {}  # request id -> local prefix-cache hit (tokens)
         self._unfinished_sends: dict[str, float] = {}  # request id -> when it finished (time.time())
         self._freed: list[tuple[str, float]] = []
+        # a prefill engine that only holds KV steps at a slower pace (pipeline.engine.idle)
+        self._idle = idle_steps(vllm_config, role)
         # worker side
         self._kv: BlockRegions | None = None
         self._pool: BlockRegions | None = None
@@ -166,6 +169,8 @@ class DramTierConnector(KVConnectorBase_V1):
 
     def build_connector_meta(self, scheduler_output: "SchedulerOutput") -> KVConnectorMetadata:
         meta = DramTierMetadata(self._sends, self._loads, self._freed)
+        if self._idle is not None:
+            self._idle.step(scheduler_output.total_num_scheduled_tokens, bool(self._sends or self._loads))
         self._sends, self._loads, self._freed = [], [], []
         return meta
 

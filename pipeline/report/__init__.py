@@ -44,7 +44,9 @@ seconds since the run start = the earliest ``read_at``):
 - **busy fraction** of a worker: its step rows sorted by ``t``; vLLM takes the step's scheduler
   stats after the step's outputs are processed, so ``running`` at row i is the state from
   ``t[i]`` until the next step ``t[i+1]``. busy = sum of ``t[i+1] - t[i]`` over the rows with
-  ``running > 0``, divided by the worker's active span ``t[last] - t[first]``.
+  ``running > 0``, divided by the worker's active span ``t[last] - t[first]``. For a prefill
+  worker, the union of its rows' prefill intervals (``prefill_start`` to ``prefill_end``) when
+  that is larger: a prefill usually starts and ends within one step, so no step sees it running.
 - **batch size**: ``running`` of a step; its mean is taken over the steps with ``running > 0``.
 
 Percentiles are ``numpy.percentile`` with its default ``method="linear"`` (Hyndman & Fan type 7:

@@ -162,6 +162,25 @@ def summarize_run(run_path: str | Path, stall_s: float = STALL_S) -> dict[str, A
     return summarize(Path(run_path), cols, workers, run_summary, stall_s)
 
 
+def _prefill_busy(ws: dict[str, dict[str, Any]], cols: dict[str, list]) -> None:
+    """A prefill worker's busy time is also the union of its rows' prefills (``prefill_start``
+    to ``prefill_end``, within its span): a prefill usually starts and ends inside one engine
+    step, so no step's ``running`` sees it. The larger of the two counts."""
+    for w, st in ws.items():
+        if st["role"] != "prefill" or not st["span_s"]:
+            continue
+        t = [(a, b) for a, b, pw in zip(cols["prefill_start"], cols["prefill_end"], cols["prefill_worker"])
+             if pw == w and a is not None and b is not None]
+        busy, end = 0.0, -np.inf
+        for a, b in sorted(t):
+            a = max(a, end)
+            if b > a:
+                busy, end = busy + b - a, b
+        if busy > st["busy_s"]:
+            st["busy_s"] = min(busy, st["span_s"])
+            st["busy_fraction"] = st["busy_s"] / st["span_s"]
+
+
 def _sum_int(cols: dict[str, list], name: str) -> int:
     return int(sum(v for v in cols[name] if v is not None))
 
@@ -182,6 +201,7 @@ def summarize(run: Path, cols: dict[str, list], workers: Any, run_summary: dict 
     disagg = any(v is not None for v in cols["decode_worker"]) or \
         any(v is not None for v in cols["prefill_end"])
     ws = worker_stats(workers)
+    _prefill_busy(ws, cols)
     running_all = np.zeros(0)
     if workers is not None and workers.num_rows:
         r = np.array([np.nan if v is None else v for v in workers.column("running").to_pylist()],

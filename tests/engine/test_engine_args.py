@@ -15,7 +15,7 @@ import pytest
 
 from pipeline.config import ConfigError, compose
 from pipeline.engine.build import (
-    OWNED, ROLE_SETTINGS, engine_kwargs, pipeline_engine_kwargs, role_engine_kwargs, user_engine_kwargs,
+    OWNED, ROLE_DEFAULTS, ROLE_SETTINGS, engine_kwargs, pipeline_engine_kwargs, role_engine_kwargs, user_engine_kwargs,
 )
 from pipeline.preflight.engine_args import KV_SHARED, _local_model, check_engine_args
 from tests.conftest import ROOT, SAMPLE, run_pipeline
@@ -80,6 +80,17 @@ def test_owned_arguments_come_last_even_unchecked():
     assert (kw["max_model_len"], kw["seed"], kw["disable_log_stats"]) == (1024, 0, True)
 
 
+def test_prefill_engines_schedule_in_step_unless_asked():
+    """A prefill engine's finished request leaves at the end of its own step (async scheduling
+    off, pipeline.engine.build.ROLE_DEFAULTS); a user's value wins except with the DRAM tier."""
+    assert engine_kwargs(_cfg(), "prefill", "/m")["async_scheduling"] is False
+    for role in ("decode", "colocated"):
+        assert "async_scheduling" not in engine_kwargs(_cfg(), role, "/m")
+    asked = _cfg("+model.prefill_engine_kwargs.async_scheduling=true")
+    assert engine_kwargs(asked, "prefill", "/m")["async_scheduling"] is True
+    check_engine_args(asked)
+
+
 def test_seed_defaults_to_zero_as_before():
     for role in ROLES:
         assert pipeline_engine_kwargs(_cfg(), role)["seed"] == 0
@@ -95,7 +106,7 @@ def test_every_argument_the_pipeline_sets_is_owned_or_a_role_setting(engine_args
         assert set(role_engine_kwargs(cfg, role)) <= set(ROLE_SETTINGS[role])
     assert {"model", "kv_transfer_config"} <= set(OWNED)
     # Real fields of this vLLM (a rename in an upgrade fails here, not silently).
-    names = set(OWNED) | set(KV_SHARED) | {k for r in ROLE_SETTINGS.values() for k in r}
+    names = set(OWNED) | set(KV_SHARED) | {k for r in (*ROLE_SETTINGS.values(), *ROLE_DEFAULTS.values()) for k in r}
     assert names <= fields, names - fields
 
 
