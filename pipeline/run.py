@@ -109,8 +109,9 @@ class RunHandle:
 
 
 def start_job(cfg: Config) -> RunHandle:
-    """Check ``cfg`` (:func:`pipeline.preflight.preflight`), then create the run directory and
-    launch the workers; returns without waiting. With ``run.dry_run`` only the checks run: the
+    """Check ``cfg`` (:func:`pipeline.preflight.preflight`), resolve ``pools=auto``
+    (:mod:`pipeline.plan.auto`: printed, and saved as ``RUN_DIR/pools.json``), then create the
+    run directory and launch the workers; returns without waiting. With ``run.dry_run`` only the checks run: the
     handle launched nothing (its ``plan`` says what would run).
 
     Raises:
@@ -122,9 +123,14 @@ def start_job(cfg: Config) -> RunHandle:
     plan = preflight(cfg)
     shards, output, total_rows = plan.shards, plan.output, plan.total_rows
     run = RunDir(plan.run_dir)
+    choice = None
+    if cfg.pools.mode == "auto":
+        cfg, choice = _choose_pools(cfg, plan)
     if cfg.run.dry_run:
         return RunHandle(cfg, run, Jobs(), output, len(shards), total_rows, plan)
     run.create(cfg, shards, output, total_rows)
+    if choice is not None:
+        write_json(run.path / "pools.json", asdict(choice))
     done = run.done()
     if all(s.name in done for s in shards):
         # Re-running a finished job launches nothing.
@@ -141,6 +147,23 @@ def start_job(cfg: Config) -> RunHandle:
     write_json(run.path / "jobs.json", {"array_tasks": [j.job_id for j in jobs.array_tasks],
                                         "decode": [j.job_id for j in jobs.decode]})
     return RunHandle(cfg, run, jobs, output, len(shards), total_rows, plan)
+
+
+def _choose_pools(cfg: Config, plan: Plan):
+    """``pools=auto``: the config with the planner's pools (:mod:`pipeline.plan.auto`), printed.
+
+    Raises:
+        ConfigError: the planner could not choose (one line saying why).
+    """
+    from pipeline.config import ConfigError
+    from pipeline.plan.auto import choose_pools
+
+    try:
+        cfg, choice = choose_pools(cfg, plan.shards, plan.total_rows)
+    except (ValueError, FileNotFoundError) as exc:
+        raise ConfigError(f"pools=auto: {str(exc).splitlines()[0]}") from None
+    print(choice.text(), flush=True)
+    return cfg, choice
 
 
 def _report(run: RunDir) -> dict | None:

@@ -1,7 +1,8 @@
 """Chat input (``job.messages_column``), per-row sampling (``job.sampling_column``) and the
 sampling outputs (``stop_reason``, ``logprobs``, ``cumulative_logprob``), on real engines: one
 input, run colocated, disaggregated with NIXL push, and disaggregated with NIXL pull through the
-decode DRAM tier. Checked against independent sources: the colocated run (plain vLLM), the
+decode DRAM tier, the latter with ``pools.local_prefill_tokens`` set between the rows' prompt
+lengths (the shorter rows are prefilled on the decode worker, with no KV transfer). Checked against independent sources: the colocated run (plain vLLM), the
 model's chat template applied by its tokenizer, a JSON Schema validator, the regex itself, and
 the sum of the chosen tokens' log-probabilities. The same input folder holds an OpenAI batch file
 (chat and completions requests, bad lines among them): its ``.jsonl`` output is checked field by
@@ -58,6 +59,9 @@ ROWS = [  # id, messages, sampling overrides
     ("null-content", [{"role": "user", "content": None}], None),
     ("no-turns", [], None),
 ]
+# The chat rows' prompts are 19-39 tokens (chat template included): those under 25 are prefilled
+# on the decode worker in the pull-dram run.
+LOCAL_BELOW = 25
 COMMON = ["job.messages_column=messages", f"job.system_prompt='{SYSTEM}'", "job.sampling.max_new_tokens=24"]
 
 
@@ -97,7 +101,8 @@ def runs(tmp_path_factory, chat_input) -> dict[str, Run]:
         "push": _run(tmp_path_factory, "chat-push", "pools=disaggregated", "transport=nixl_push", *COMMON,
                      input_url=str(chat_input)),
         "pull-dram": _run(tmp_path_factory, "chat-pull-dram", "pools=disaggregated", "transport=nixl_pull",
-                          "offload=dram", "offload.dram_gib=1", *COMMON, input_url=str(chat_input)),
+                          "offload=dram", "offload.dram_gib=1", f"pools.local_prefill_tokens={LOCAL_BELOW}",
+                          *COMMON, input_url=str(chat_input)),
     }
 
 
@@ -118,6 +123,22 @@ def test_every_row_once_and_disaggregated_equals_colocated(runs):
             assert (r["error"], r["finish_reason"], r["stop_reason"]) == (
                 base[key]["error"], base[key]["finish_reason"], base[key]["stop_reason"]), (mode, key)
             assert r["decode_worker"] is not None or r["error"], (mode, key)
+
+
+def test_short_prompts_prefilled_on_decode_without_kv(runs):
+    """Rows under ``pools.local_prefill_tokens`` (prompt lengths from the colocated run) had no
+    KV hand-off and received no KV; the others received KV. Their output equals colocated's
+    (above)."""
+    base, rows = _rows(runs["colocated"]), _rows(runs["pull-dram"])
+    served = {k: r for k, r in rows.items() if r["error"] is None}
+    local = {k for k in served if base[k]["prompt_tokens"] < LOCAL_BELOW}
+    assert local and set(served) - local, "the threshold must split the rows"
+    for k, r in served.items():
+        if k in local:
+            assert (r["kv_handoff_s"], r["kv_tokens"], r["kv_bytes"]) == (None, 0, 0), k
+            assert r["prefill_s"] is not None and r["decode_worker"], k
+        else:
+            assert r["kv_tokens"] > 0 and r["kv_handoff_s"] is not None, k
 
 
 def test_messages_rendered_with_the_models_chat_template(runs):

@@ -48,7 +48,7 @@ def test_help_lists_every_group_and_its_options_from_conf():
     # With a job and overrides: the choices follow them, and the composed config is shown.
     p = run_pipeline("--help", "+job=summarize", "pools=colocated")
     assert p.returncode == 0, p.stderr
-    assert "pools: colocated, disaggregated  (chosen: colocated)" in p.stdout
+    assert "pools: auto, colocated, disaggregated  (chosen: colocated)" in p.stdout
     assert to_yaml(compose(["+job=summarize", "pools=colocated"])) in p.stdout
     assert run_pipeline("--hydra-help").returncode == 0
 

@@ -1,7 +1,7 @@
 """The package's layers point one way: a module imports only from its own layer or those below.
 
 config -> io, model -> runtime -> wire -> engine -> rag -> roles -> launch -> entry points
-(report, run -> api, __main__, status, plan -> the package itself).
+(report, plan, run -> api, __main__, status -> the package itself).
 Read from the source (``ast``), so lazy imports inside functions count too.
 """
 
@@ -15,8 +15,9 @@ ROOT = Path(__file__).resolve().parents[1] / "pipeline"
 LAYERS = {
     "config": 0, "io": 1, "model": 1, "runtime": 2, "wire": 3, "engine": 4, "rag": 5, "roles": 6,
     "launch": 7,
-    # entry points: the run report is written by run at the end of a run
-    "report": 8, "preflight": 8, "run": 8, "api": 9, "__main__": 9, "status": 9, "plan": 9, "__init__": 10,
+    # entry points: the run report is written by run at the end of a run, and pools=auto is
+    # planned by run at its start
+    "report": 8, "preflight": 8, "run": 8, "plan": 8, "api": 9, "__main__": 9, "status": 9, "__init__": 10,
 }
 
 

@@ -25,6 +25,18 @@ itself in a temporary directory from CPython standard-library docstrings, PSF Li
    ``job.batch_rows`` = inflight / 2 per colocated worker, = inflight for the single prefill
    owner. More rows than ``--inflight`` means rows enter as others finish, so new prefills meet
    running decodes, which is where disaggregation should help.
+   With ``--workloads ...,long``, a third workload in the seeds' regime for P/D: ``--long-rows``
+   rows of 3-6K-token documents (prompt:output above 40:1 at 64 new tokens), run with
+   ``model.max_model_len=8192`` (so ``offload=auto`` gives the decode DRAM tier).
+   ``--only ...,disaggbefore,disaggpush,disagglocal,auto`` adds variants (section 2f, one column
+   each beside colocated and the default): ``disaggbefore`` is the pipeline as before issue #17
+   (push, the prefill engine with vLLM's async scheduling and empty steps at vLLM's pace),
+   ``disaggpush`` is ``transport=nixl_push``, ``disagglocal`` prefills rows under 512 prompt
+   tokens on decode, ``auto`` is ``pools=auto`` over the same 2 workers (what it chose is in the
+   table); the table gives each pool's busy fraction (share of the measured
+   window with a request running in the engine, :func:`pipeline.report.summary.worker_stats`),
+   the hand-off p50/p99 against the target (NIXL transfer p50 + 2 decode steps p50) and the
+   prefill engine's CPU.
 3. **Hand-off overhead** per disaggregated request, from ``RUN_DIR/metrics``: the hand-off
    message (``decode_arrived_at - prefill_end``: ZeroMQ send, HMAC, decode's receive loop) and KV
    transfer + scheduling until the first decode token (``token_times[0] - decode_arrived_at``),
@@ -116,12 +128,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-new-tokens", type=int, default=64, help="job.sampling.max_new_tokens (default 64)")
     ap.add_argument("--long-frac", type=float, default=0.25, help="fraction of long rows in 'mixed' (default 0.25)")
     ap.add_argument("--long-tokens", type=int, default=2500, help="mean text tokens of a long row (default 2500)")
+    ap.add_argument("--long-rows", type=int, default=6,
+                    help="rows of the 'long' workload (3-6K-token prompts, run with model.max_model_len=8192; default 6)")
     ap.add_argument("--dtype", default="bfloat16", help="model.dtype (default bfloat16)")
     ap.add_argument("--only", default="raw,coloc,disagg",
                     help="parts: raw, coloc (= coloc1 + coloc2), coloc1, coloc2, disagg, disaggspin "
                          "(disaggregated with NIXL's busy-polling progress thread, as before), disaggchunk (prefill "
-                         "chunks of 512 tokens); the last two are not in the default")
-    ap.add_argument("--workloads", default="uniform,mixed", help="for coloc2/disagg (default uniform,mixed)")
+                         "chunks of 512 tokens), disaggbefore (push, prefill engine with async scheduling and "
+                         "unpaced idle steps: as before issue #17), disaggpush (transport=nixl_push), disagglocal "
+                         "(pools.local_prefill_tokens=512), auto (pools=auto); those after disagg are not in the default")
+    ap.add_argument("--workloads", default="uniform,mixed",
+                    help="for coloc2/disagg*: uniform, mixed, long (default uniform,mixed)")
     ap.add_argument("--stall-ms", type=float, default=60.0, help="stall threshold (default 60)")
     ap.add_argument("--sample-s", type=float, default=1.0, help="CPU sampling interval (default 1 s)")
     ap.add_argument("--run-timeout", type=float, default=420.0, help="seconds one run may take")
@@ -146,7 +163,7 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"--only: unknown part(s) {sorted(bad)}")
     wls = set(csv_list(args.workloads))
     if wls - WORKLOADS:
-        ap.error("--workloads: uniform and/or mixed")
+        ap.error("--workloads: uniform, mixed and/or long")
     if args.repeats < 1 or args.rows < args.shards or args.inflight < 2:
         ap.error("need --repeats >= 1, --rows >= --shards, --inflight >= 2")
 
@@ -158,7 +175,8 @@ def main(argv: list[str] | None = None) -> int:
     work.mkdir(parents=True, exist_ok=True)
     t_start = time.time()
     wl = build_workloads(work, args.rows, args.shards, args.long_frac, args.long_tokens,
-                         cfg.model.max_model_len, args.max_new_tokens, load_tokenizer(cfg))
+                         cfg.model.max_model_len, args.max_new_tokens, load_tokenizer(cfg),
+                         long_rows=args.long_rows if "long" in wls else 0)
     names = selected(parts, wls)
     print(f"work dir: {work}", file=sys.stderr)
     results: dict[str, list[dict]] = {n: [] for n in names}
@@ -190,6 +208,9 @@ def main(argv: list[str] | None = None) -> int:
         kv_text = kv.stdout + (f"\n(exit status {kv.returncode}: {kv.stderr[-500:]})" if kv.returncode else "")
 
     facts: dict[str, Any] = {}
+    if args.json:  # every figure first: a report that fails must not lose the runs
+        write_json(args.json, {"args": vars(args), "workloads": wl, "results": results, "failures": failures,
+                               "machine": machine_text()})
     print(report(args, cfg, wl, results, names, failures, kv_text, time.time() - t_start, facts))
     if args.json:
         write_json(args.json, {"args": vars(args), "workloads": wl, "results": results, "failures": failures,

@@ -14,7 +14,7 @@ from typing import Any, Optional
 from omegaconf import MISSING, DictConfig, OmegaConf
 
 CONNECTORS = {"NixlPushConnector", "NixlConnector"}
-POOL_MODES = {"disaggregated", "colocated"}
+POOL_MODES = {"disaggregated", "colocated", "auto"}
 LAUNCHERS = {"local", "slurm"}
 CPU_BIND = {"partition", "auto"}
 
@@ -258,16 +258,29 @@ class ClusterConfig:
 @dataclass
 class PoolsConfig:
     """Pool sizes. ``disaggregated``: ``prefill`` prefill workers and ``decode`` decode workers
-    (xP:yD). ``colocated``: ``prefill`` workers that each run plain vLLM generation."""
+    (xP:yD). ``colocated``: ``prefill`` workers that each run plain vLLM generation.
+    ``local_prefill_tokens`` (disaggregated): a row whose prompt has fewer tokens is prefilled
+    on its decode worker instead, with no KV transfer (conditional disaggregation; 0: never).
+    ``auto``: the planner chooses one of the two for ``prefill + decode`` workers from
+    ``sample_rows`` rows of the input and the ``hardware`` preset (None: ``cpu`` without a
+    GPU, else ``h100``) or a finished run's measured speeds (``calibration``: its run
+    directory); see :mod:`pipeline.plan.auto`."""
 
     mode: str = "disaggregated"
     prefill: int = 1
     decode: int = 1
+    local_prefill_tokens: int = 0
+    hardware: Optional[str] = None
+    calibration: Optional[str] = None
+    sample_rows: int = 2000
 
     def __post_init__(self) -> None:
         _check(self.mode in POOL_MODES, "pools.mode", f"must be one of {sorted(POOL_MODES)}, got {self.mode!r}")
         _check(self.prefill >= 1, "pools.prefill", f"must be >= 1, got {self.prefill}")
         _check(self.decode >= 1, "pools.decode", f"must be >= 1, got {self.decode}")
+        _check(self.local_prefill_tokens >= 0, "pools.local_prefill_tokens",
+               f"must be >= 0, got {self.local_prefill_tokens}")
+        _check(self.sample_rows >= 1, "pools.sample_rows", f"must be >= 1, got {self.sample_rows}")
 
 
 @dataclass
@@ -359,7 +372,7 @@ class Config:
     run: RunConfig = field(default_factory=RunConfig)
 
     def __post_init__(self) -> None:
-        if self.pools.mode == "disaggregated" and self.offload.dram(self.model.max_model_len):
+        if self.pools.mode != "colocated" and self.offload.dram(self.model.max_model_len):
             _check(self.model.prefill_tp == 1 and self.model.decode_tp == 1, "offload.mode",
                    "the DRAM tier supports TP 1 only for now; set offload=none for "
                    f"model.prefill_tp={self.model.prefill_tp} / model.decode_tp={self.model.decode_tp}")

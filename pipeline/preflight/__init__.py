@@ -83,7 +83,8 @@ class Plan:
     def pools(self) -> str:
         """``disaggregated 1P:1D`` / ``colocated x2``, with the launcher."""
         p = self.cfg.pools
-        size = f"{p.prefill}P:{p.decode}D" if p.mode == "disaggregated" else f"x{p.prefill}"
+        size = (f"{p.prefill}P:{p.decode}D" if p.mode == "disaggregated" else
+                f"of {p.prefill + p.decode} workers" if p.mode == "auto" else f"x{p.prefill}")
         return f"{p.mode} {size} ({self.cfg.cluster.launcher})"
 
     def describe(self, tokens: bool = True) -> str:

@@ -113,10 +113,12 @@ def check_engine_args(cfg: Config) -> None:
         for setting in _DICTS:
             for key, value in getattr(cfg.model, setting.split(".", 1)[1]).items():
                 _check_one(f"{setting}.{key}", key, value, fields)
-        roles: tuple[Role, ...] = ("prefill", "decode") if cfg.pools.mode == "disaggregated" else ("colocated",)
+        # pools=auto: either layout may run
+        roles: tuple[Role, ...] = {"disaggregated": ("prefill", "decode"), "colocated": ("colocated",)}.get(
+            cfg.pools.mode, ("prefill", "decode", "colocated"))
         for role in roles:
             _check_role_settings(cfg, role)
-        if cfg.pools.mode == "disaggregated":
+        if cfg.pools.mode != "colocated":
             _check_kv_shared(cfg, fields)
         model = _local_model(cfg)
         if model is not None and fields is not None:

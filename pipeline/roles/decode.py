@@ -220,6 +220,13 @@ class DecodeServer:
                             first_token_timeout_s=self.cfg.transport.kv_timeout_s,
                             lora_request=lora_request(self.cfg, h.lora))
 
+    async def _local(self, h: Handoff) -> Streamed:
+        """A row handed off without KV (a prompt under ``pools.local_prefill_tokens``): this
+        engine prefills it and decodes it like a colocated engine would."""
+        params = sampling_params(SamplingConfig(**h.sampling))
+        return await stream(self.engine, h.request_id, h.prompt_token_ids, params,
+                            lora_request=lora_request(self.cfg, h.lora))
+
     async def _serve(self, peer: bytes, h: Handoff) -> None:
         arrived = time.time()
         rid = h.request_id
@@ -231,7 +238,8 @@ class DecodeServer:
         failed = dict(row_key=h.row_key, decode_worker=self.worker, token_ids=[], text="",
                       finish_reason=None, kv_tokens=0, arrived_at=arrived, token_times=[])
         try:
-            s = await (self._from_dram(h) if "dram" in h.kv_transfer_params else self._from_prefill(h, rid))
+            s = await (self._local(h) if not h.kv_transfer_params else
+                       self._from_dram(h) if "dram" in h.kv_transfer_params else self._from_prefill(h, rid))
             result = Result(row_key=h.row_key, decode_worker=self.worker, token_ids=s.token_ids, text=s.text,
                             finish_reason=s.finish_reason, error=None, kv_tokens=s.num_cached_tokens,
                             arrived_at=arrived, token_times=s.token_times, stop_reason=s.stop_reason,

@@ -54,6 +54,9 @@ class PrefillHandoff:
     """Serves rows on a prefill worker: each row's prompt is prefilled on ``engine`` (one token,
     ``do_remote_decode``) and handed to a decode worker through ``router``.
 
+    A row whose prompt is shorter than ``pools.local_prefill_tokens`` skips all of that: it is
+    handed to a decode worker without KV, and prefilled there (:meth:`is_local`).
+
     With the DRAM tier (``offload=dram``) slots in a decode worker's tier are reserved before the
     prefill: the prefill engine writes the KV there when the prefill ends and frees its own blocks
     at once; the hand-off then goes to that worker.
@@ -77,8 +80,11 @@ class PrefillHandoff:
         """
         sampling = p.sampling or self.cfg.job.sampling
         need = len(p.token_ids) + sampling.max_new_tokens
+        local = self.is_local(p)
         # A request no decode worker can hold is an error row before it costs a prefill.
-        self.router.check_fits(need, len(p.token_ids) if self.dram else None)
+        self.router.check_fits(need, len(p.token_ids) if self.dram and not local else None)
+        if local:
+            return await self._serve_local(p, sampling)
         capacity_wait = 0.0
         for n in range(self.policy.tries):
             rid = request_id(p.row_key, n)
@@ -114,6 +120,36 @@ class PrefillHandoff:
             if not res.retry or not self.policy.again(n, p.row_key, res.error):
                 break
         return self._row(res, pre, t0, t_prefilled, n + 1, capacity_wait if self.dram else None)
+
+    def is_local(self, p: Prompt) -> bool:
+        """Whether ``p`` is prefilled on its decode worker: its prompt is shorter than
+        ``pools.local_prefill_tokens`` tokens (moving its KV would cost more than computing it)."""
+        return len(p.token_ids) < self.cfg.pools.local_prefill_tokens
+
+    async def _serve_local(self, p: Prompt, sampling) -> RowResult:
+        """Hand ``p`` to a decode worker without KV: that worker prefills it itself (the row has
+        no prefill on this worker, no KV hand-off, ``kv_tokens`` 0); served again on a lost
+        decode worker like any row."""
+        t0 = time.time()
+        for n in range(self.policy.tries):
+            rid = request_id(p.row_key, n)
+            try:
+                res = await self.router.handoff(Handoff(
+                    row_key=p.row_key, request_id=rid, prefill_worker=self.worker, attempt=self.attempt,
+                    prompt_token_ids=p.token_ids, sampling=dataclasses.asdict(sampling), kv_transfer_params={},
+                    prefill_done_at=t0, lora=p.lora),
+                    wait_s=self.cfg.transport.connect_timeout_s, route=p.prefix_key if n == 0 else None)
+            except self.policy.RETRIED as exc:
+                if not self.policy.again(n, p.row_key, exc):
+                    raise
+                continue
+            break
+        return served_row(
+            text=res.text, token_ids=res.token_ids, finish_reason=res.finish_reason, error=res.error,
+            token_times=res.token_times, prefill_start=t0, prefill_end=None, prefill_worker=self.worker,
+            decode_worker=res.decode_worker, kv_tokens=0, kv_bytes=0, decode_arrived_at=res.arrived_at,
+            prefix_cached_tokens=0, tries=n + 1, capacity_wait_s=None, stop_reason=res.stop_reason,
+            logprobs=res.logprobs, cumulative_logprob=res.cumulative_logprob)
 
     async def _reserve(self, p: Prompt, rid: str, need: int, route: str | None) -> tuple[int, dict[str, Any]]:
         return await self.router.reserve(Reserve(

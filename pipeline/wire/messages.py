@@ -19,7 +19,8 @@ class Handoff(msgspec.Struct, tag="handoff"):
 
     ``request_id`` is the vLLM request id the prefill engine used (the decode engine must use
     the same one). ``kv_transfer_params`` is the dict vLLM returned with the prefill output (the NIXL connector's
-    block ids, engine id and side-channel address), passed to decode unchanged.
+    block ids, engine id and side-channel address), passed to decode unchanged; empty for a row
+    the decode worker prefills itself (``pools.local_prefill_tokens``).
     ``row_key`` names the row in the run (:func:`pipeline.runtime.ids.row_key`).
     ``prefill_worker`` is the prefill worker's id and ``attempt`` the start time of its process: a
     decode worker that sees a newer attempt of a prefill worker drops what an older attempt left in

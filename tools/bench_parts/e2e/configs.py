@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 CONFIGS = {
     # name: (part, workload, description)
@@ -18,9 +19,31 @@ CONFIGS = {
     # prefill engine steps of at most 512 tokens (model.prefill_chunk_tokens; default: vLLM's 2048)
     "disaggchunk-uniform": ("disaggchunk", "uniform", "disaggregated, prefill chunks of 512 tokens"),
     "disaggchunk-mixed": ("disaggchunk", "mixed", "disaggregated, prefill chunks of 512 tokens"),
+    "coloc2-long": ("coloc", "long", "colocated 2 workers x 1 core"),
+    "disagg-long": ("disagg", "long", "disaggregated 1P (core 0) + 1D (core 1)"),
 }
-PARTS = {"raw", "coloc", "coloc1", "coloc2", "disagg", "disaggspin", "disaggchunk"}
-WORKLOADS = {"uniform", "mixed"}
+# The P/D variants of issue #17, on every workload: the pipeline before its changes (push, prefill
+# engine with vLLM's async scheduling and empty steps at vLLM's pace), push with today's prefill
+# engine, rows under 512 prompt tokens prefilled on decode, and pools=auto.
+for _w in ("uniform", "mixed", "long"):
+    CONFIGS[f"disaggbefore-{_w}"] = ("disaggbefore", _w, "disaggregated as before #17 (push, async prefill, unpaced)")
+    CONFIGS[f"disaggpush-{_w}"] = ("disaggpush", _w, "disaggregated, prefill WRITEs (transport=nixl_push)")
+    CONFIGS[f"disagglocal-{_w}"] = ("disagglocal", _w, "disaggregated, prompts < 512 tokens prefilled on decode")
+    CONFIGS[f"auto-{_w}"] = ("auto", _w, "pools=auto (2 workers)")
+PARTS = {"raw", "coloc", "coloc1", "coloc2", "disagg", "disaggspin", "disaggchunk", "disaggbefore", "disaggpush",
+         "disagglocal", "auto"}
+WORKLOADS = {"uniform", "mixed", "long"}
+#: Overrides of a workload: the long one needs the model's whole context.
+WORKLOAD_OVERRIDES = {"long": ["model.max_model_len=8192"]}
+#: Overrides of each disaggregated variant.
+VARIANT_OVERRIDES = {
+    "disaggspin": ["transport.nixl_progress_delay_us=0"],
+    "disaggchunk": ["model.prefill_chunk_tokens=512"],
+    "disaggbefore": ["transport=nixl_push", "transport.prefill_idle_pause_ms=0",
+                     "+model.prefill_engine_kwargs.async_scheduling=true"],
+    "disaggpush": ["transport=nixl_push"],
+    "disagglocal": ["pools.local_prefill_tokens=512"],
+}
 
 
 def selected(parts: set[str], workloads: set[str]) -> list[str]:
@@ -32,8 +55,10 @@ def selected(parts: set[str], workloads: set[str]) -> list[str]:
 
 def base_overrides(args: argparse.Namespace, input_dir: str) -> list[str]:
     """Overrides every configuration shares: the job, its input, output length and dtype."""
+    workload = Path(input_dir).name
     return ["+job=summarize", f"job.input={input_dir}",
-            f"job.sampling.max_new_tokens={args.max_new_tokens}", f"model.dtype={args.dtype}"]
+            f"job.sampling.max_new_tokens={args.max_new_tokens}", f"model.dtype={args.dtype}",
+            *WORKLOAD_OVERRIDES.get(workload, [])]
 
 
 def pipeline_overrides(name: str, args: argparse.Namespace, wl: dict) -> tuple[list[str], dict[str, str]]:
@@ -49,10 +74,14 @@ def pipeline_overrides(name: str, args: argparse.Namespace, wl: dict) -> tuple[l
         return base + ["pools=colocated", "pools.prefill=2",
                        f"job.batch_rows={max(1, args.inflight // 2)}"], \
             {c[0]: "colocated-0", c[1]: "colocated-1"}
+    if name.startswith("auto"):
+        # the planner places 2 workers; job.batch_rows is per prefill or colocated worker
+        c = cpu_slices(2, "partition")
+        return base + ["pools=auto", "pools.prefill=1", "pools.decode=1",
+                       f"job.batch_rows={max(1, args.inflight // 2)}"], {c[0]: "worker-0", c[1]: "worker-1"}
     if name.startswith("disagg"):
         c = cpu_slices(2, "partition")
-        spin = (["transport.nixl_progress_delay_us=0"] if name.startswith("disaggspin") else
-                ["model.prefill_chunk_tokens=512"] if name.startswith("disaggchunk") else [])
+        spin = VARIANT_OVERRIDES.get(name.split("-")[0], [])
         return base + ["pools=disaggregated", "pools.prefill=1", "pools.decode=1",
                        f"job.batch_rows={args.inflight}"] + spin, {c[0]: "prefill-0", c[1]: "decode-0"}
     raise ValueError(name)

@@ -95,16 +95,24 @@ def per_owner_throughput(cols: dict[str, list]) -> dict[str, Any]:
 
 
 def worker_steps(w: dict[str, list], t0: float, t1: float) -> dict[str, Any]:
-    """Per worker: engine steps recorded, steps that computed no token, and steps per second of
-    the window, from the run's worker metrics columns (RUN_DIR/metrics/workers)."""
+    """Per worker: engine steps recorded, steps that computed no token, steps per second of the
+    window, and ``token_step_p50_s``: the median time from one step that computed tokens to the
+    next step (its own duration; the metrics record each step's end), from the run's worker
+    metrics columns (RUN_DIR/metrics/workers)."""
     out: dict[str, dict[str, Any]] = {}
+    ends: dict[str, list[tuple[float, bool]]] = {}
     for i, name in enumerate(w["worker"]):
         d = out.setdefault(name.split("@")[0], {"steps": 0, "idle_steps": 0, "steps_in_window": 0})
         d["steps"] += 1
-        if not (w["prompt_tokens"][i] or w["generation_tokens"][i]):
+        work = bool(w["prompt_tokens"][i] or w["generation_tokens"][i])
+        if not work:
             d["idle_steps"] += 1
         if t0 <= w["t"][i] <= t1:
             d["steps_in_window"] += 1
-    for d in out.values():
+        ends.setdefault(name.split("@")[0], []).append((w["t"][i], work))
+    for name, d in out.items():
         d["steps_per_s"] = d["steps_in_window"] / max(t1 - t0, 1e-9)
+        e = sorted(ends[name])
+        gaps = [b[0] - a[0] for a, b in zip(e, e[1:]) if b[1]]
+        d["token_step_p50_s"] = statistics.median(gaps) if gaps else None
     return out

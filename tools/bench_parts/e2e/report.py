@@ -10,6 +10,7 @@ from typing import Any
 from tools.bench_parts.e2e.tables import (
     table_cpu, table_disagg_vs_coloc, table_handoff, table_raw_vs_coloc, table_threads, targets_table,
 )
+from tools.bench_parts.e2e.variants import VARIANTS, table_variants
 from tools.benchlib.machine import machine_text
 
 
@@ -17,6 +18,9 @@ def settings_text(args: argparse.Namespace, cfg: Any, wl: dict[str, dict]) -> st
     """The paragraph that says what ran: model, sampling, workloads, rows in flight."""
     u, m = wl["uniform"]["text_tokens"], wl["mixed"]["text_tokens"]
     long_min = min(x for x in m if x > 1000) if wl["mixed"]["long_rows"] else 0
+    long = (f" Long: {wl['long']['rows']} rows of {min(wl['long']['text_tokens'])}-{max(wl['long']['text_tokens'])} "
+            f"document tokens, model.max_model_len=8192 (so offload=auto gives the decode DRAM tier)."
+            if "long" in wl else "")
     return (f"Model {cfg.model.name}, dtype {args.dtype}, enforce_eager {cfg.model.enforce_eager}, "
             f"max_model_len {cfg.model.max_model_len}, KV cache {cfg.model.kv_cache_gib:g} GiB per engine, "
             f"greedy, max_new_tokens {args.max_new_tokens}. Workloads: {args.rows} rows in {args.shards} shards; "
@@ -24,7 +28,7 @@ def settings_text(args: argparse.Namespace, cfg: Any, wl: dict[str, dict]) -> st
             f"{wl['mixed']['long_rows']} long rows of {long_min}-{max(m)} "
             f"tokens, the rest as uniform. Rows in flight: part 1 all ({args.rows}); part 2 {args.inflight} "
             f"in total (colocated {max(1, args.inflight // 2)} per worker). Stall = ITL gap > {args.stall_ms:g} ms. "
-            f"Medians over repeats; ratios of medians.")
+            f"Medians over repeats; ratios of medians.{long}")
 
 
 def report(args: argparse.Namespace, cfg: Any, wl: dict[str, dict], results: dict[str, list[dict]],
@@ -50,6 +54,10 @@ def report(args: argparse.Namespace, cfg: Any, wl: dict[str, dict], results: dic
                                             "disaggregated, NIXL progress thread spinning (before)")
             out += [f"## 2{'c' if w == 'uniform' else 'd'}. NIXL progress thread: spinning (before) vs "
                     f"sleeping in poll() (pipeline.engine.connector): {w} workload", "", text, ""]
+    for w in ("uniform", "mixed", "long"):
+        if sum(1 for n in VARIANTS if results.get(f"{n}-{w}")) >= 2:
+            text, facts[f"variants-{w}"] = table_variants(results, w)
+            out += [f"## 2f. P/D variants side by side: {w} workload", "", text, ""]
     if any(k.startswith("disagg") for k in results):
         out += ["## 3. Hand-off overhead per request (disaggregated)", "", table_handoff(results), ""]
     out += ["## 4. CPU use during the measured window", "", table_cpu(results), "",

@@ -65,6 +65,11 @@ def run_pipeline_config(name: str, rep: int, args: argparse.Namespace, wl: dict,
     for k in SUMMARY_KEYS:
         out[k] = rep_[k]
     out["tokens_by_row"] = _output_tokens_by_row(run_dir)
+    if (run_dir / "pools.json").exists():  # pools=auto: what it chose
+        c = json.loads((run_dir / "pools.json").read_text())
+        out["auto_choice"] = (f"{c['prefill']}P:{c['decode']}D" + (f", local < {c['local_prefill_tokens']}"
+                              if c["local_prefill_tokens"] else "") if c["mode"] == "disaggregated"
+                              else f"colocated x{c['prefill']}")
     return out
 
 

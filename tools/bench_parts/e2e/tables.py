@@ -128,7 +128,7 @@ def _nixl_cell(runs: list[dict]) -> str:
 def table_handoff(res: Results) -> str:
     """Part 3: the hand-off's parts per disaggregated request, per workload."""
     rows = []
-    for wl in ("uniform", "mixed"):
+    for wl in ("uniform", "mixed", "long"):
         runs = [r for r in res.get(f"disagg-{wl}", []) if r.get("handoff")]
         if not runs:
             continue
