@@ -3,7 +3,7 @@ core): one real prefill engine (vLLM, the pipeline's NIXL pull connector) prefil
 requests for a remote decode that never comes, so it holds their KV (vLLM keeps it for
 ``VLLM_NIXL_ABORT_REQUEST_TIMEOUT`` seconds), and the CPU time of the engine's processes is
 read from ``/proc`` over the next ``--window-s`` seconds. Once with the pipeline's pacing of
-empty steps (``transport.prefill_idle_pause_ms``, default 20) and once at vLLM's pace (0),
+empty steps (``transport.prefill_idle_pause_ms``, default 40) and once at vLLM's pace (0),
 alternating, each in a fresh process pinned to one core::
 
     .venv/bin/python tools/bench_idle.py [--repeats 2] [--window-s 10] [--requests 4]
@@ -110,7 +110,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--window-s", type=float, default=10.0)
     ap.add_argument("--requests", type=int, default=4, help="prefilled requests whose KV is held")
-    ap.add_argument("--pauses-ms", default="20,0", help="transport.prefill_idle_pause_ms values (default 20,0)")
+    ap.add_argument("--pauses-ms", default="40,0", help="transport.prefill_idle_pause_ms values (default 40,0)")
     ap.add_argument("--_one", nargs=2, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args._one:

@@ -306,7 +306,7 @@ class TransportConfig:
     ucx_tls: Optional[str] = None
     ucx_net_devices: Optional[str] = None
     nixl_progress_delay_us: int = 1000
-    prefill_idle_pause_ms: float = 20.0
+    prefill_idle_pause_ms: float = 40.0
     connect_timeout_s: float = 600.0  # seconds a prefill worker waits for decode workers to come up
     handoff_timeout_s: float = 300.0  # seconds a hand-off may wait for its result
     handoff_retries: int = 2  # times a row is prefilled and handed off again after a lost decode

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from vllm.distributed.kv_transfer.kv_connector.v1.nixl import NixlPullConnector, NixlPushConnector
 
-from pipeline.engine.idle import idle_steps
+from pipeline.engine.idle import idle_steps, set_parked
 from pipeline.engine.nixl_agent import DEFAULT_PTHR_DELAY_US, with_progress_delay
 
 #: ``NixlConnectorMetadata`` fields that carry transfer work for the worker this step.
@@ -35,9 +35,13 @@ class _ProgressDelayMixin:
     def build_connector_meta(self, scheduler_output):
         meta = super().build_connector_meta(scheduler_output)
         if self._idle is not None:
-            self._idle.step(scheduler_output.total_num_scheduled_tokens,
-                            any(getattr(meta, f, None) for f in _TRANSFER_FIELDS))
+            meta.pd_park = self._idle.step(scheduler_output.total_num_scheduled_tokens,
+                                           any(getattr(meta, f, None) for f in _TRANSFER_FIELDS)) > 0
         return meta
+
+    def bind_connector_metadata(self, connector_metadata):
+        super().bind_connector_metadata(connector_metadata)
+        set_parked(getattr(connector_metadata, "pd_park", False))
 
 
 class NixlPushConnector(_ProgressDelayMixin, NixlPushConnector):  # noqa: F811 (same name, on purpose)

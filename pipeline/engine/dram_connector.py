@@ -48,7 +48,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
 )
 from vllm.distributed.kv_transfer.kv_connector.v1.metrics import KVConnectorStats
 
-from pipeline.engine.idle import idle_steps
+from pipeline.engine.idle import idle_steps, set_parked
 from pipeline.engine.nixl_agent import DEFAULT_PTHR_DELAY_US, with_progress_delay
 from pipeline.engine.dram_pool import BlockRegions, copy_blocks, descriptors
 
@@ -170,7 +170,8 @@ class DramTierConnector(KVConnectorBase_V1):
     def build_connector_meta(self, scheduler_output: "SchedulerOutput") -> KVConnectorMetadata:
         meta = DramTierMetadata(self._sends, self._loads, self._freed)
         if self._idle is not None:
-            self._idle.step(scheduler_output.total_num_scheduled_tokens, bool(self._sends or self._loads))
+            meta.pd_park = self._idle.step(scheduler_output.total_num_scheduled_tokens,
+                                           bool(self._sends or self._loads)) > 0
         self._sends, self._loads, self._freed = [], [], []
         return meta
 
@@ -232,7 +233,12 @@ class DramTierConnector(KVConnectorBase_V1):
         tensor = torch.from_file(path, shared=True, size=size, dtype=torch.uint8)
         if self._kv.views[0].is_cuda:
             # Pin the pool so that loads are DMA, not staged through pageable memory.
-            torch.cuda.cudart().cudaHostRegister(tensor.data_ptr(), size, 0)
+            err = int(torch.cuda.cudart().cudaHostRegister(tensor.data_ptr(), size, 0))
+            if err:
+                log.warning("DRAM tier %s: cudaHostRegister failed (cudaError %d); loads go through pageable "
+                            "memory", path, err)
+            else:  # tools/gpu_dram_check.py looks for this line
+                log.info("DRAM tier %s pinned with cudaHostRegister: %d bytes", path, size)
         self._pool = BlockRegions.pool(tensor.data_ptr(), self._kv.slot_bytes, len(self._kv.bases), num_slots, tensor)
         self._pool_tensor, self._pool_path = tensor, path
 
@@ -240,6 +246,7 @@ class DramTierConnector(KVConnectorBase_V1):
         """Called before every step's forward pass (``start_load_kv`` runs after it unless the
         step has loads): post this step's writes here so that they overlap the forward pass."""
         super().bind_connector_metadata(connector_metadata)
+        set_parked(getattr(connector_metadata, "pd_park", False))
         if not isinstance(connector_metadata, DramTierMetadata):
             return
         for rid, freed_s in connector_metadata.freed:

@@ -17,10 +17,13 @@ Pacing the engine's steps is half of it: between two steps the model-worker proc
 the next one in vLLM's shared-memory message queue, where it spins (``sched_yield``) for one
 second after every read (``SpinCondition.busy_loop_s``) before it parks on a ZeroMQ
 notification. With a step every ``pause_s`` it would never park, and spins at a whole core.
-:func:`park_between_steps` makes a prefill model worker park at once instead: the engine core
-notifies the queue's readers with every step it sends (``MessageQueue.enqueue``), so the worker
-wakes within the ZeroMQ wake-up time (tens of microseconds), against prefill steps of
-milliseconds to seconds.
+:func:`park_between_steps` makes a prefill model worker park at once instead, while the
+engine is paced: the scheduler-side connector marks the metadata of a step it paused before
+(``pd_park``) and the worker-side connector passes the mark on (:func:`set_parked`); the next
+step with work clears it. The engine core notifies the queue's readers with every step it sends
+(``MessageQueue.enqueue``), so a parked worker wakes on the next step. Parking at every step
+instead (busy or not) made the prefill engine's busy steps ~2x slower on the test machine, so
+the worker spins as vLLM does whenever the engine has work.
 
 ``idle_pause_s`` in ``kv_connector_extra_config`` (``transport.prefill_idle_pause_ms``) sets
 ``pause_s``; 0 turns pacing off. Decode engines are not paced: their empty steps are waits for KV, where every millisecond is
@@ -35,7 +38,7 @@ from dataclasses import dataclass, field
 #: Seconds an engine may step at vLLM's pace after its last step with work (tokens or transfers).
 IDLE_GRACE_S = 0.05
 #: Seconds each empty step pauses after that.
-IDLE_PAUSE_S = 0.02
+IDLE_PAUSE_S = 0.04
 
 
 def idle_steps(vllm_config, role) -> "IdleSteps | None":
@@ -60,10 +63,22 @@ def is_paced(vllm_config) -> bool:
     return kv.kv_role == "kv_producer" and float(kv.get_from_extra_config("idle_pause_s", IDLE_PAUSE_S)) > 0
 
 
+#: Whether this process's model worker is to park between steps now (set per step from the
+#: connector metadata, :func:`set_parked`).
+_parked = False
+
+
+def set_parked(parked: bool) -> None:
+    """Worker side, per step: park between steps from now on (the scheduler paused before this
+    step: the engine only holds KV) or spin as vLLM does (a step with work)."""
+    global _parked
+    _parked = bool(parked)
+
+
 def park_between_steps() -> None:
     """In this process (a prefill engine's model worker), wait for the next engine step parked on
-    the message queue's notification instead of spinning for a second after each step (see the
-    module doc). Idempotent."""
+    the message queue's notification instead of spinning, while :func:`set_parked` says so (see
+    the module doc); otherwise vLLM's wait, unchanged. Idempotent."""
     from vllm.distributed.device_communicators import shm_broadcast
 
     cond = shm_broadcast.SpinCondition
@@ -72,9 +87,13 @@ def park_between_steps() -> None:
     spin_wait = cond.wait
 
     def wait(self, timeout_ms=None):
-        if self.is_reader:
-            self.busy_loop_s = 0.0
-        return spin_wait(self, timeout_ms)
+        if not (_parked and self.is_reader and self.busy_loop_s):
+            return spin_wait(self, timeout_ms)
+        busy, self.busy_loop_s = self.busy_loop_s, 0.0
+        try:
+            return spin_wait(self, timeout_ms)
+        finally:
+            self.busy_loop_s = busy
 
     wait._pd_parks = True
     cond.wait = wait

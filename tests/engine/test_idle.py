@@ -97,16 +97,16 @@ def test_the_setting_reaches_the_prefill_connector():
 
 
 def test_a_parked_worker_sleeps_until_notified():
-    """After park_between_steps, a reader of vLLM's shared-memory queue no longer spins for a
-    second after each read (SpinCondition.busy_loop_s): its wait blocks on the ZeroMQ
-    notification, here for its whole timeout since nothing notifies it (a spinning wait would
-    return at once)."""
+    """After park_between_steps, a reader of vLLM's shared-memory queue that was told the engine
+    is paced (set_parked) no longer spins for a second after each read (SpinCondition.busy_loop_s):
+    its wait blocks on the ZeroMQ notification, here for its whole timeout since nothing
+    notifies it (a spinning wait returns at once, as it still does when not parked)."""
     import time
 
     import zmq
     from vllm.distributed.device_communicators import shm_broadcast
 
-    from pipeline.engine.idle import park_between_steps
+    from pipeline.engine.idle import park_between_steps, set_parked
 
     ctx = zmq.Context()
     try:
@@ -120,6 +120,12 @@ def test_a_parked_worker_sleeps_until_notified():
         reader.record_read()
         t0 = time.monotonic()
         reader.wait(timeout_ms=200)
-        assert time.monotonic() - t0 >= 0.15 and reader.busy_loop_s == 0.0
+        assert time.monotonic() - t0 < 0.05  # a step with work came last: spins as vLLM does
+        set_parked(True)  # the scheduler paused before this step: the engine only holds KV
+        reader.record_read()
+        t0 = time.monotonic()
+        reader.wait(timeout_ms=200)
+        assert time.monotonic() - t0 >= 0.15 and reader.busy_loop_s == 1.0  # parked, vLLM's setting kept
     finally:
+        set_parked(False)
         ctx.destroy(linger=0)
