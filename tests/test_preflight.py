@@ -279,6 +279,33 @@ def test_dry_run_prints_the_plan_and_starts_nothing(tmp_path):
     assert not (tmp_path / "run").exists()
 
 
+def test_dry_run_of_json_lines_and_csv_counts_records_and_estimates_tokens(tmp_path):
+    """The same 24 sample rows as JSON Lines and CSV shards: the dry run counts their records
+    (not "from the Parquet footers") and estimates the prompt tokens from them as it does from
+    Parquet: the same estimate (the same rows, rendered the same way)."""
+    import csv
+    import json
+
+    rows = [r for f in sorted(SAMPLE.glob("*.parquet")) for r in pq.read_table(f).to_pylist()]
+    d = tmp_path / "in"
+    d.mkdir()
+    with open(d / "a.jsonl", "w") as f:
+        f.writelines(json.dumps(r) + "\n" for r in rows[:12])
+    with open(d / "b.csv", "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(rows[0]))
+        w.writeheader()
+        w.writerows(rows[12:])
+    text = run_pipeline("+job=summarize", f"job.input={d}", f"run.dir={tmp_path / 'run'}", "--dry-run")
+    parquet = run_pipeline("+job=summarize", f"job.input={SAMPLE}", f"run.dir={tmp_path / 'run'}", "--dry-run")
+    assert text.returncode == parquet.returncode == 0, text.stderr + parquet.stderr
+    assert "rows: 24 (counted record by record)" in text.stdout
+    assert "rows: 24 (from the Parquet footers)" in parquet.stdout
+
+    def estimate(out: str) -> str:
+        return next(ln for ln in out.splitlines() if ln.startswith("prompt tokens: "))
+    assert estimate(text.stdout) == estimate(parquet.stdout) and "~" in estimate(text.stdout)
+
+
 def test_case_10_taken_ports_fail_at_start_naming_port_and_setting(tmp_path):
     import socket
     import time

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.config import Config
+from pipeline.io.sample import sample_prompt_lengths
 from pipeline.plan.costs import kv_transfer_time, prefill_time
 from pipeline.plan.hardware import Hardware, hardware
 from pipeline.plan.model import ModelShape, read_json, shape_from_hf
@@ -99,37 +100,6 @@ def default_hardware() -> str:
         return "cpu"
 
 
-def sample_prompt_lengths(cfg: Config, shards: list, tokenizer: Any) -> tuple[list[int], int]:
-    """Prompt lengths (tokens) of up to ``pools.sample_rows`` rows of ``shards``, spread over
-    them (an equal share from the start of each), rendered as the workers render them; rows
-    that would be error rows are left out. Also the number of rows read."""
-    from pipeline.io.openai_batch import is_request_batch, request_prompts
-    from pipeline.io.prompts import make_prompts
-    from pipeline.io.shards import iter_batches, text_values
-
-    job = cfg.job
-    share = max(1, math.ceil(cfg.pools.sample_rows / max(1, len(shards))))
-    lengths: list[int] = []
-    read = 0
-    for shard in shards:
-        for first, rows in iter_batches(shard, share):
-            n = min(rows.num_rows, share)
-            rows = rows.slice(0, n)
-            read += n
-            keys = [f"{shard.index}:{first + i}" for i in range(n)]
-            if is_request_batch(rows.schema):
-                prompts = request_prompts(rows, keys, job, tokenizer, cfg.model.max_model_len, first, {}, None)
-            elif job.prompt_column in rows.schema.names:
-                texts = (rows.column(job.prompt_column).to_pylist() if job.messages_column
-                         else text_values(rows, job.prompt_column))
-                prompts = make_prompts(texts, keys, job, tokenizer, cfg.model.max_model_len, first_row=first)
-            else:
-                prompts = []
-            lengths += [len(p.token_ids) for p in prompts if p.token_ids]
-            break
-    return lengths, read
-
-
 def choose_pools(cfg: Config, shards: list, total_rows: int) -> tuple[Config, PoolChoice]:
     """The config with ``pools=auto`` resolved (see the module doc), and the choice.
 
@@ -147,7 +117,7 @@ def choose_pools(cfg: Config, shards: list, total_rows: int) -> tuple[Config, Po
         model = dataclasses.replace(model, kv_cache_dtype=kv_dtype)
     name = cfg.pools.hardware or default_hardware()
     hw = calibrate(cfg.pools.calibration, model, name) if cfg.pools.calibration else hardware(name)
-    lengths, read = sample_prompt_lengths(cfg, shards, load_tokenizer(cfg))
+    lengths, read = sample_prompt_lengths(cfg, shards, load_tokenizer(cfg), cfg.pools.sample_rows)
     if not lengths:
         raise ValueError(f"pools=auto: none of the {read} rows read from job.input becomes a prompt; "
                          f"nothing to size the pools on (set pools=colocated or pools=disaggregated)")

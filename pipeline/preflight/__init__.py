@@ -38,15 +38,12 @@ import datetime as dt
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import fsspec
-import pyarrow as pa
-import pyarrow.parquet as pq
 
 from pipeline.config import Config, ConfigError, to_yaml
-from pipeline.io.atomic import url_to_fs
-from pipeline.io.shards import Shard, text_values
+from pipeline.io import formats
+from pipeline.io.shards import Shard
 from pipeline.model.resolve import cache_dir
 from pipeline.runtime.net import check_ports_free
 from pipeline.preflight.engine_args import check_engine_args
@@ -80,6 +77,12 @@ class Plan:
         """Rows of every readable shard (footers)."""
         return sum(r or 0 for r in self.rows)
 
+    def rows_source(self) -> str:
+        """Where the row count comes from: Parquet footers, or counting JSON Lines / CSV records."""
+        text = sum(1 for s in self.shards if formats.file_format(s.name) in ("jsonl", "csv"))
+        return ("from the Parquet footers" if not text else "counted record by record" if text == len(self.shards)
+                else "from the Parquet footers; JSON Lines and CSV shards counted record by record")
+
     def pools(self) -> str:
         """``disaggregated 1P:1D`` / ``colocated x2``, with the launcher."""
         p = self.cfg.pools
@@ -97,7 +100,7 @@ class Plan:
             "dry run: everything checked, nothing started",
             f"shards: {len(names)} ({', '.join(names[:SHOWN_SHARDS])}{more})",
             *(f"unreadable shard (it will fail, the others run): {n}: {why}" for n, why in self.unreadable.items()),
-            f"rows: {self.total_rows} (from the Parquet footers)",
+            f"rows: {self.total_rows} ({self.rows_source()})",
         ]
         if tokens:
             lines.append(f"prompt tokens: {estimate_prompt_tokens(self)}")
@@ -180,28 +183,13 @@ def estimate_prompt_tokens(plan: Plan) -> str:
     if path is not None and not os.path.isdir(path):
         return "not estimated (the model is not a local directory)"
     from pipeline.engine.model import load_tokenizer
-    from pipeline.io.prompts import make_prompts
+    from pipeline.io.sample import sample_prompt_lengths
 
     readable = [s for s, r in zip(plan.shards, plan.rows) if r]
-    per_shard = max(1, TOKEN_SAMPLE_ROWS // max(1, len(readable)))
-    texts: list[Any] = []
-    for shard in readable:
-        if len(texts) >= TOKEN_SAMPLE_ROWS:
-            break
-        fs, p = url_to_fs(shard.url)
-        try:
-            with fs.open(p, "rb") as f:
-                batch = next(pq.ParquetFile(f).iter_batches(batch_size=per_shard, columns=[cfg.job.prompt_column]))
-            texts += (batch.column(0).to_pylist() if cfg.job.messages_column
-                      else text_values(batch, cfg.job.prompt_column))
-        except (OSError, ValueError, StopIteration, pa.ArrowException):
-            continue
     try:
-        tokenizer = load_tokenizer(cfg)
-        prompts = make_prompts(texts, [str(i) for i in range(len(texts))], cfg.job, tokenizer, cfg.model.max_model_len)
+        counts, _ = sample_prompt_lengths(cfg, readable, load_tokenizer(cfg), TOKEN_SAMPLE_ROWS)
     except Exception as exc:  # noqa: BLE001 -- an estimate, never a reason to fail
         return f"not estimated ({one_line(exc)})"
-    counts = [len(p.token_ids) for p in prompts if p.token_ids]
     if not counts:
         return "not estimated (no usable row in the sample)"
     mean = sum(counts) / len(counts)

@@ -14,7 +14,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from pipeline.config import compose
-from pipeline.plan.auto import choose_pools, local_prefill_threshold, sample_prompt_lengths
+from pipeline.io.sample import sample_prompt_lengths
+from pipeline.plan.auto import choose_pools, local_prefill_threshold
 from tests.conftest import SAMPLE, run_pipeline
 from tests.plan.toy import TOY, TOY_HW
 
@@ -39,11 +40,10 @@ def test_sample_renders_prompts_as_the_planner_reads_a_dataset():
 
     cfg = compose(["+job=summarize", f"job.input={SAMPLE}"])
     shards = list_shards(cfg.job.input)
-    lengths, read = sample_prompt_lengths(cfg, shards, load_tokenizer(cfg))
+    lengths, read = sample_prompt_lengths(cfg, shards, load_tokenizer(cfg), cfg.pools.sample_rows)
     want = workload_from_input(str(SAMPLE), load_model("smollm2-135m"))
     assert (sorted(lengths), read) == (sorted(want.prompt_tokens), 24)
-    few = dataclasses.replace(cfg, pools=dataclasses.replace(cfg.pools, sample_rows=5))
-    lengths, read = sample_prompt_lengths(few, shards, load_tokenizer(cfg))
+    lengths, read = sample_prompt_lengths(cfg, shards, load_tokenizer(cfg), 5)
     assert read == len(shards) * math.ceil(5 / len(shards)) and len(lengths) == read
 
 
