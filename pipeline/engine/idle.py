@@ -5,14 +5,15 @@ have it (vLLM's NIXL connectors: until decode has READ it, or the prefill worker
 done; the DRAM tier: until the write into the tier is done). vLLM keeps stepping such an engine
 (``Scheduler.has_requests``) so that its connector can see the transfers end, with a 1 ms pause
 between steps that computed nothing (``EngineCore._process_engine_step``): about a thousand
-empty steps a second, which kept 0.6 of the prefill worker's core busy on the test machine
-(BENCHMARKS.md, "Idle prefill steps").
+empty steps a second (BENCHMARKS.md, "A prefill engine holding KV": with its model worker,
+below, a whole core).
 
 :class:`IdleSteps` lets the scheduler-side connector pace those steps: after ``grace_s`` seconds
 in which no step computed a token or had transfer work to post, each further empty step pauses
 ``pause_s`` seconds. The first steps after a prefill (where the connector posts writes and
 matches decode's registrations) run at vLLM's pace; a long hold costs one empty step per
 ``pause_s``. A new request waits at most ``pause_s`` (plus one empty step) for its first step.
+
 Pacing the engine's steps is half of it: between two steps the model-worker process waits for
 the next one in vLLM's shared-memory message queue, where it spins (``sched_yield``) for one
 second after every read (``SpinCondition.busy_loop_s``) before it parks on a ZeroMQ
@@ -26,8 +27,8 @@ instead (busy or not) made the prefill engine's busy steps ~2x slower on the tes
 the worker spins as vLLM does whenever the engine has work.
 
 ``idle_pause_s`` in ``kv_connector_extra_config`` (``transport.prefill_idle_pause_ms``) sets
-``pause_s``; 0 turns pacing off. Decode engines are not paced: their empty steps are waits for KV, where every millisecond is
-hand-off time.
+``pause_s``; 0 turns pacing (and parking) off. Decode engines are not paced: their empty steps
+are waits for KV, where every millisecond is hand-off time.
 """
 
 from __future__ import annotations

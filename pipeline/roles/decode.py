@@ -265,5 +265,6 @@ class DecodeServer:
 
 def _injected_kv_stalls() -> int:
     """``PD_PIPELINE_INJECT_KV_STALLS=N``: the first N hand-offs this worker takes never receive
-    their KV (fault-injection tests only)."""
+    their KV (fault-injection tests only; ``transport=nixl_push``: with pull, decode READs the
+    blocks by their ids whatever the request is called)."""
     return int(os.environ.get("PD_PIPELINE_INJECT_KV_STALLS", "0") or 0)

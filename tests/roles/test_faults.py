@@ -94,9 +94,11 @@ def test_decode_killed_mid_run_rows_go_to_the_other_decode(tmp_path, colocated_r
 def test_kv_transfer_that_never_completes_is_retried(tmp_path, colocated_run):
     # The decode worker registers the first two hand-offs under request ids the prefill engine
     # does not know (PD_PIPELINE_INJECT_KV_STALLS), so vLLM's NIXL push for them never happens
-    # and the requests wait for KV that never comes: a real stalled transfer, not a mock.
+    # and the requests wait for KV that never comes: a real stalled transfer, not a mock. Push
+    # only: with pull (the default) decode READs the prefill worker's blocks by their ids, so a
+    # renamed request still gets its KV.
     shard = "shard-00000.parquet"
-    args = [*COMMON, "transport.kv_timeout_s=8", "job.batch_rows=4", f"job.input={SAMPLE / shard}",
+    args = [*COMMON, "transport=nixl_push", "transport.kv_timeout_s=8", "job.batch_rows=4", f"job.input={SAMPLE / shard}",
             f"run.dir={tmp_path / 'run'}", f"job.output={tmp_path / 'out'}"]
     p = run_pipeline(*args, env={"PD_PIPELINE_INJECT_KV_STALLS": "2"})
     assert p.returncode == 0, p.stderr[-3000:]
