@@ -177,3 +177,14 @@ def read_worker_metrics(run_path: Path) -> pa.Table:
     if not parts:
         return WORKER_SCHEMA.empty_table()
     return pa.concat_tables([pq.read_table(p, schema=WORKER_SCHEMA) for p in parts])
+
+
+def busy_seconds(intervals: list[tuple[float, float]]) -> float:
+    """Seconds covered by the union of ``(start, end)`` intervals (seconds): the time an engine
+    was busy with at least one of them (overlaps counted once)."""
+    total, end = 0.0, -float("inf")
+    for a, b in sorted(intervals):
+        if b > end:
+            total += b - max(a, end)
+            end = b
+    return total

@@ -4,11 +4,11 @@ workload and model it served, and fit the ``cpu`` profile's rates to its timings
 
 from __future__ import annotations
 
-import math
 import os
 from dataclasses import replace
 from pathlib import Path
 
+from pipeline.io.metrics import busy_seconds
 from pipeline.plan.costs import prefill_flops
 from pipeline.plan.hardware import Hardware, hardware
 from pipeline.plan.model import ModelShape, read_json, shape_from_hf
@@ -88,15 +88,6 @@ def model_of_run(run_or_output: str | os.PathLike) -> ModelShape:
     cfg = from_yaml(cfg_path)
     path = model_path(cfg)
     return shape_from_hf(read_json(Path(path) / "config.json"), cfg.model.name, cfg.model.dtype, path)
-
-
-def _union(intervals: list[tuple[float, float]]) -> float:
-    total, end = 0.0, -math.inf
-    for a, b in sorted(intervals):
-        if b > end:
-            total += b - max(a, end)
-            end = b
-    return total
 
 
 def run_dir_of(run_or_output: str | os.PathLike) -> Path | None:
@@ -220,7 +211,7 @@ def calibrate(run_or_output: str | os.PathLike, model: ModelShape | None = None,
     rows = timed_rows(run_or_output)
     k = model.kv_bytes_per_token
     flops = sum(prefill_flops(model, r["p"]) for r in rows)
-    prefill_busy = sum(_union([(r["ps"], r["pe"]) for r in g]) for g in _groups(rows, "pg"))
+    prefill_busy = sum(busy_seconds([(r["ps"], r["pe"]) for r in g]) for g in _groups(rows, "pg"))
     dec_bytes = dec_time = 0.0
     for g in _groups(rows, "dg"):
         dec = [(r["t1"], r["tn"], k * (r["p"] + r["o"] / 2), r) for r in g if r["o"] >= 2 and r["tn"] > r["t1"]]
@@ -230,7 +221,7 @@ def calibrate(run_or_output: str | os.PathLike, model: ModelShape | None = None,
             dec_time += b - a
     hand = [r for r in rows if r["hand"] is not None]
     kv_moved = sum(k * r["p"] for r in hand)
-    handoff_busy = sum(_union([(r["pe"], r["pe"] + r["hand"]) for r in g]) for g in _groups(hand, "pg"))
+    handoff_busy = sum(busy_seconds([(r["pe"], r["pe"] + r["hand"]) for r in g]) for g in _groups(hand, "pg"))
     if prefill_busy <= 0 or dec_time <= 0:
         raise ValueError(f"{run_or_output}: no rows with prefill and decode timings to calibrate from")
     link = kv_moved / handoff_busy if handoff_busy > 0 else base.link_bw

@@ -9,6 +9,7 @@ from typing import Any
 
 import numpy as np
 
+from pipeline.io.metrics import busy_seconds
 from pipeline.report.load import load_run
 
 STALL_S = 0.060
@@ -171,11 +172,7 @@ def _prefill_busy(ws: dict[str, dict[str, Any]], cols: dict[str, list]) -> None:
             continue
         t = [(a, b) for a, b, pw in zip(cols["prefill_start"], cols["prefill_end"], cols["prefill_worker"])
              if pw == w and a is not None and b is not None]
-        busy, end = 0.0, -np.inf
-        for a, b in sorted(t):
-            a = max(a, end)
-            if b > a:
-                busy, end = busy + b - a, b
+        busy = busy_seconds(t)
         if busy > st["busy_s"]:
             st["busy_s"] = min(busy, st["span_s"])
             st["busy_fraction"] = st["busy_s"] / st["span_s"]
