@@ -170,7 +170,9 @@ def kv_transfer_config(cfg: Config, role: Literal["prefill", "decode"]):
     the DRAM tier's, :mod:`pipeline.engine.dram_connector`; else vLLM's NIXL connector named by
     ``transport.connector``, :mod:`pipeline.engine.connector`) and its extra config: NIXL's
     progress-thread delay (microseconds) and the pause of a prefill engine's empty steps
-    (seconds, :mod:`pipeline.engine.idle`)."""
+    (seconds, :mod:`pipeline.engine.idle`). A KV load that fails ends its request with
+    ``finish_reason="error"`` (``kv_load_failure_policy="fail"``): the decode worker hands the row
+    back to its prefill worker, which prefills it again (:mod:`pipeline.roles.handoff`)."""
     from vllm.config import KVTransferConfig
 
     dram = cfg.offload.dram(cfg.model.max_model_len)
@@ -180,6 +182,7 @@ def kv_transfer_config(cfg: Config, role: Literal["prefill", "decode"]):
         kv_connector_extra_config={"progress_delay_us": cfg.transport.nixl_progress_delay_us,
                                    "idle_pause_s": cfg.transport.prefill_idle_pause_ms / 1e3},
         kv_role="kv_producer" if role == "prefill" else "kv_consumer",
+        kv_load_failure_policy="fail",
         kv_buffer_device="cpu" if _on_cpu() else "cuda",
     )
 

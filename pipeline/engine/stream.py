@@ -70,6 +70,14 @@ class FirstTokenTimeout(TimeoutError):
     never arrived); vLLM has aborted it."""
 
 
+class RequestFailed(RuntimeError):
+    """vLLM ended a request without a generation: ``finish_reason`` ``"error"`` (on a decode
+    worker: the KV it was to load failed, vLLM's ``kv_load_failure_policy="fail"``) or
+    ``"abort"`` (the engine aborted it). Its tokens, if any, are not a generation."""
+
+    FINISH_REASONS = ("error", "abort")
+
+
 async def stream(engine: "AsyncLLM", request_id: str, prompt_token_ids: list[int],
                  params: "SamplingParams", first_token_timeout_s: float | None = None,
                  lora_request: "LoRARequest | None" = None) -> Streamed:
@@ -79,6 +87,7 @@ async def stream(engine: "AsyncLLM", request_id: str, prompt_token_ids: list[int
     Raises:
         FirstTokenTimeout: no output within ``first_token_timeout_s`` seconds (the request is
             aborted in the engine, freeing its blocks).
+        RequestFailed: vLLM finished the request with ``finish_reason`` "error" or "abort".
         Exception: whatever vLLM raises for the request (for example a prompt longer than the
             context).
     """
@@ -111,6 +120,9 @@ async def stream(engine: "AsyncLLM", request_id: str, prompt_token_ids: list[int
             out.text += completion.text
             # num_cached_tokens is reported with the first output; keep the largest value seen.
             out.num_cached_tokens = max(out.num_cached_tokens, ro.num_cached_tokens or 0)
+            if ro.finished and completion.finish_reason in RequestFailed.FINISH_REASONS:
+                raise RequestFailed(f"vLLM ended the request with finish_reason {completion.finish_reason!r} "
+                                    f"after {len(out.token_ids)} tokens")
             if ro.finished:
                 out.finish_reason = completion.finish_reason
                 out.stop_reason = None if completion.stop_reason is None else str(completion.stop_reason)

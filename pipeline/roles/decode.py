@@ -21,7 +21,7 @@ from pipeline.engine.kv_layout import kv_capacity_tokens
 from pipeline.engine.lora import lora_request
 from pipeline.engine.model import model_kv_bytes_per_token
 from pipeline.engine.steps import StepRecorder
-from pipeline.engine.stream import FirstTokenTimeout, Streamed, sampling_params, stream
+from pipeline.engine.stream import FirstTokenTimeout, RequestFailed, Streamed, sampling_params, stream
 from pipeline.roles.errors import is_worker_failure
 from pipeline.runtime.ids import worker_id
 from pipeline.runtime.net import side_channel, worker_host
@@ -71,7 +71,7 @@ class DecodeServer:
 
     def __init__(self, run: RunDir, cfg: Config, rank: int, worker: str, engine, host: str):
         self.run, self.cfg, self.rank, self.worker, self.engine = run, cfg, rank, worker, engine
-        self.stalls = _injected_kv_stalls()
+        self.kv_faults = _injected_kv_faults()
         self.ctx = zmq.asyncio.Context()
         self.sock = self.ctx.socket(zmq.ROUTER)
         self.sock.setsockopt(zmq.LINGER, 1000)
@@ -209,16 +209,32 @@ class DecodeServer:
         finally:
             await self.pool.release(slots)
 
-    async def _from_prefill(self, h: Handoff, rid: str) -> Streamed:
+    async def _from_prefill(self, h: Handoff, rid: str, kv_params: dict) -> Streamed:
         """Decode with vLLM's NIXL connector taking the KV from the prefill worker's blocks."""
-        # remote_prefill_cached_tokens only feeds vLLM's reporting, where it would replace this
-        # engine's own count of prompt tokens it did not compute; drop it so kv_tokens
-        # measures what this worker received instead of recomputing.
-        kv_params = {k: v for k, v in h.kv_transfer_params.items() if k != "remote_prefill_cached_tokens"}
         params = sampling_params(SamplingConfig(**h.sampling), kv_transfer_params=kv_params)
         return await stream(self.engine, rid, h.prompt_token_ids, params,
                             first_token_timeout_s=self.cfg.transport.kv_timeout_s,
                             lora_request=lora_request(self.cfg, h.lora))
+
+    def _nixl_params(self, h: Handoff) -> tuple[str, dict]:
+        """The request id and KV transfer parameters the decode engine gets for ``h``.
+
+        ``remote_prefill_cached_tokens`` only feeds vLLM's reporting, where it would replace this
+        engine's own count of prompt tokens it did not compute; it is dropped so ``kv_tokens``
+        measures what this worker received instead of recomputing. Fault injection (tests,
+        :func:`_injected_kv_faults`) breaks the first hand-offs' transfer for real: with push the
+        request is registered under an id the prefill engine does not know (its KV never arrives,
+        the request times out); with pull it names a prefill engine that does not exist (vLLM's
+        NIXL handshake fails and the load fails)."""
+        rid = h.request_id
+        kv_params = {k: v for k, v in h.kv_transfer_params.items() if k != "remote_prefill_cached_tokens"}
+        if self.kv_faults > 0:
+            self.kv_faults -= 1
+            if self.cfg.transport.connector == "NixlPushConnector" or "remote_engine_id" not in kv_params:
+                rid += "stalled"
+            else:
+                kv_params["remote_engine_id"] = f"{kv_params['remote_engine_id']}-injected-fault"
+        return rid, kv_params
 
     async def _local(self, h: Handoff) -> Streamed:
         """A row handed off without KV (a prompt under ``pools.local_prefill_tokens``): this
@@ -229,25 +245,29 @@ class DecodeServer:
 
     async def _serve(self, peer: bytes, h: Handoff) -> None:
         arrived = time.time()
-        rid = h.request_id
-        if self.stalls > 0:
-            # Fault injection (tests): register under an id the prefill engine does not know,
-            # so the NIXL push never arrives and the request waits for KV until it times out.
-            self.stalls -= 1
-            rid += "stalled"
         failed = dict(row_key=h.row_key, decode_worker=self.worker, token_ids=[], text="",
                       finish_reason=None, kv_tokens=0, arrived_at=arrived, token_times=[])
+        local = not h.kv_transfer_params
         try:
-            s = await (self._local(h) if not h.kv_transfer_params else
-                       self._from_dram(h) if "dram" in h.kv_transfer_params else self._from_prefill(h, rid))
+            if local:
+                s = await self._local(h)
+            elif "dram" in h.kv_transfer_params:
+                s = await self._from_dram(h)
+            else:
+                s = await self._from_prefill(h, *self._nixl_params(h))
             result = Result(row_key=h.row_key, decode_worker=self.worker, token_ids=s.token_ids, text=s.text,
                             finish_reason=s.finish_reason, error=None, kv_tokens=s.num_cached_tokens,
                             arrived_at=arrived, token_times=s.token_times, stop_reason=s.stop_reason,
                             logprobs=s.logprobs, cumulative_logprob=s.cumulative_logprob)
-        except FirstTokenTimeout as exc:
-            log.warning("request %s: its KV did not arrive (%s); asking its prefill worker to prefill it again",
-                        rid, exc)
-            result = Result(**failed, error=f"KV transfer did not complete: {exc}", retry=True)
+        except (FirstTokenTimeout, RequestFailed) as exc:
+            if local:  # nothing was to arrive: the request itself failed
+                result = Result(**failed, error=f"decode failed: {exc}")
+            else:
+                timeout = isinstance(exc, FirstTokenTimeout)
+                log.warning("request %s: %s (%s); asking its prefill worker to prefill it again", h.request_id,
+                            "its KV did not arrive" if timeout else "its KV could not be loaded", exc)
+                result = Result(**failed, retry=True, error="KV transfer did not complete: " + (
+                    str(exc) if timeout else f"the KV load failed ({exc})"))
         except Exception as exc:  # the row becomes an error row at its prefill worker
             if is_worker_failure(exc):
                 raise  # this engine is dead: no answer; the prefill worker's hand-off times out
@@ -263,8 +283,7 @@ class DecodeServer:
         self.ctx.term()
 
 
-def _injected_kv_stalls() -> int:
-    """``PD_PIPELINE_INJECT_KV_STALLS=N``: the first N hand-offs this worker takes never receive
-    their KV (fault-injection tests only; ``transport=nixl_push``: with pull, decode READs the
-    blocks by their ids whatever the request is called)."""
-    return int(os.environ.get("PD_PIPELINE_INJECT_KV_STALLS", "0") or 0)
+def _injected_kv_faults() -> int:
+    """``PD_PIPELINE_INJECT_KV_FAULTS=N``: the first N hand-offs this worker takes over NIXL never
+    get their KV (fault-injection tests only; see :meth:`DecodeServer._nixl_params`)."""
+    return int(os.environ.get("PD_PIPELINE_INJECT_KV_FAULTS", "0") or 0)

@@ -91,25 +91,28 @@ def test_decode_killed_mid_run_rows_go_to_the_other_decode(tmp_path, colocated_r
 
 
 @pytest.mark.e2e
-def test_kv_transfer_that_never_completes_is_retried(tmp_path, colocated_run):
-    # The decode worker registers the first two hand-offs under request ids the prefill engine
-    # does not know (PD_PIPELINE_INJECT_KV_STALLS), so vLLM's NIXL push for them never happens
-    # and the requests wait for KV that never comes: a real stalled transfer, not a mock. Push
-    # only: with pull (the default) decode READs the prefill worker's blocks by their ids, so a
-    # renamed request still gets its KV.
+@pytest.mark.parametrize("transport,symptom", [("nixl_push", "its KV did not arrive"),
+                                               ("nixl_pull", "its KV could not be loaded")])
+def test_kv_transfer_that_fails_is_retried(tmp_path, colocated_run, transport, symptom):
+    # The decode worker breaks the first two hand-offs' transfers for real, not with a mock
+    # (PD_PIPELINE_INJECT_KV_FAULTS): with push it registers them under request ids the prefill
+    # engine does not know, so vLLM's NIXL push never happens and they wait for KV until
+    # transport.kv_timeout_s; with pull it names a prefill engine that does not exist, so vLLM's
+    # NIXL handshake fails and the request ends with finish_reason "error" and no tokens (which
+    # was once written down as an empty generation without an error). Both are served again.
     shard = "shard-00000.parquet"
-    args = [*COMMON, "transport=nixl_push", "transport.kv_timeout_s=8", "job.batch_rows=4", f"job.input={SAMPLE / shard}",
-            f"run.dir={tmp_path / 'run'}", f"job.output={tmp_path / 'out'}"]
-    p = run_pipeline(*args, env={"PD_PIPELINE_INJECT_KV_STALLS": "2"})
+    args = [*COMMON, f"transport={transport}", "transport.kv_timeout_s=8", "job.batch_rows=4",
+            f"job.input={SAMPLE / shard}", f"run.dir={tmp_path / 'run'}", f"job.output={tmp_path / 'out'}"]
+    p = run_pipeline(*args, env={"PD_PIPELINE_INJECT_KV_FAULTS": "2"})
     assert p.returncode == 0, p.stderr[-3000:]
     logs = "".join(f.read_text(errors="replace") for f in (tmp_path / "run" / "logs").rglob("*_log.err"))
-    assert logs.count("its KV did not arrive") == 2 and logs.count("serving it again") == 2, logs[-3000:]
+    assert logs.count(symptom) == 2 and logs.count("serving it again") == 2, logs[-3000:]
     got = pq.read_table(tmp_path / "out" / shard)
     want = colocated_run.table(shard)
     assert got.column("error").null_count == got.num_rows
     assert got.column("id").to_pylist() == want.column("id").to_pylist()
     assert got.column("generation_token_ids").to_pylist() == want.column("generation_token_ids").to_pylist()
-    # The two stalled rows were prefilled twice; their second KV arrived whole.
+    # The two rows were prefilled twice; their second KV arrived whole.
     from pipeline.io.metrics import read_request_metrics
 
     m = read_request_metrics(tmp_path / "run").to_pylist()
