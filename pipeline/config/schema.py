@@ -31,9 +31,12 @@ class SamplingConfig:
     ``max_tokens``). ``temperature=0`` is greedy decoding. ``seed``: per request, so a row's
     sampled output does not depend on its batch. ``logprobs``: the top-k log-probabilities
     recorded per generated token. Structured output (vLLM's structured outputs, at most one):
-    ``json_schema`` (a JSON Schema as JSON text), ``regex``, ``choice``."""
+    ``json_schema`` (a JSON Schema as JSON text), ``regex``, ``choice``. ``n``: samples per
+    prompt (the prompt is prefilled and its KV moved once; sample i has seed ``seed + i``, as
+    vLLM's own ``n``); with ``n > 1`` the generation columns hold one list entry per sample."""
 
     temperature: float = 0.0
+    n: int = 1  # samples per prompt
     top_p: float = 1.0
     max_new_tokens: int = 64  # tokens
     seed: Optional[int] = None
@@ -55,6 +58,7 @@ class SamplingConfig:
         key = "job.sampling."
         _check(self.temperature >= 0, key + "temperature", f"must be >= 0, got {self.temperature}")
         _check(0 < self.top_p <= 1, key + "top_p", f"must be in (0, 1], got {self.top_p}")
+        _check(self.n >= 1, key + "n", f"must be >= 1, got {self.n}")
         _check(self.max_new_tokens >= 1, key + "max_new_tokens", f"must be >= 1, got {self.max_new_tokens}")
         _check(self.top_k == -1 or self.top_k >= 0, key + "top_k", f"must be >= 0 (or -1: all), got {self.top_k}")
         _check(0 <= self.min_p <= 1, key + "min_p", f"must be in [0, 1], got {self.min_p}")

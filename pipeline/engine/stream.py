@@ -4,6 +4,7 @@ timestamp per token."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -30,6 +31,7 @@ class Streamed:
     cumulative_logprob: float | None = None
     num_cached_tokens: int = 0
     kv_transfer_params: dict[str, Any] | None = None
+    others: list["Streamed"] = field(default_factory=list)  # samples 1..n-1 (``n`` > 1), in order
 
 
 def sampling_params(sampling: SamplingConfig, kv_transfer_params: dict[str, Any] | None = None) -> "SamplingParams":
@@ -49,7 +51,7 @@ def sampling_params(sampling: SamplingConfig, kv_transfer_params: dict[str, Any]
         repetition_penalty=sampling.repetition_penalty, presence_penalty=sampling.presence_penalty,
         frequency_penalty=sampling.frequency_penalty, stop=list(sampling.stop) or None,
         stop_token_ids=list(sampling.stop_token_ids) or None, ignore_eos=sampling.ignore_eos,
-        min_tokens=sampling.min_tokens, logprobs=sampling.logprobs, structured_outputs=structured,
+        min_tokens=sampling.min_tokens, logprobs=sampling.logprobs, structured_outputs=structured, n=sampling.n,
         output_kind=RequestOutputKind.DELTA,
         extra_args={"kv_transfer_params": kv_transfer_params} if kv_transfer_params else None,
     )
@@ -80,9 +82,11 @@ class RequestFailed(RuntimeError):
 
 async def stream(engine: "AsyncLLM", request_id: str, prompt_token_ids: list[int],
                  params: "SamplingParams", first_token_timeout_s: float | None = None,
-                 lora_request: "LoRARequest | None" = None) -> Streamed:
+                 lora_request: "LoRARequest | None" = None, first_output: asyncio.Event | None = None) -> Streamed:
     """Run one request to completion, timestamping every output token as it arrives; with
-    ``lora_request``, through that LoRA adapter (:mod:`pipeline.engine.lora`).
+    ``lora_request``, through that LoRA adapter (:mod:`pipeline.engine.lora`). With ``params.n``
+    > 1 (vLLM's own parallel sampling) the result is sample 0 with samples 1..n-1 in ``others``.
+    ``first_output`` is set when the first output arrives.
 
     Raises:
         FirstTokenTimeout: no output within ``first_token_timeout_s`` seconds (the request is
@@ -91,7 +95,7 @@ async def stream(engine: "AsyncLLM", request_id: str, prompt_token_ids: list[int
         Exception: whatever vLLM raises for the request (for example a prompt longer than the
             context).
     """
-    out = Streamed()
+    samples = [Streamed() for _ in range(params.n)]
     outputs = aiter(engine.generate({"prompt_token_ids": prompt_token_ids}, params, request_id,
                                     lora_request=lora_request))
     try:
@@ -107,26 +111,70 @@ async def stream(engine: "AsyncLLM", request_id: str, prompt_token_ids: list[int
             except asyncio.TimeoutError:
                 raise FirstTokenTimeout(
                     f"no output within {first_token_timeout_s:g} s of submitting the request") from None
+            if first and first_output is not None:
+                first_output.set()
             first = False
             now = time.time()
-            completion = ro.outputs[0]
-            if completion.logprobs is not None:
-                out.logprobs = (out.logprobs or []) + [
-                    sorted(((tid, lp.logprob) for tid, lp in step.items()), key=lambda t: -t[1])
-                    for step in completion.logprobs]
-                out.cumulative_logprob = completion.cumulative_logprob
-            out.token_ids.extend(completion.token_ids)
-            out.token_times.extend([now] * len(completion.token_ids))
-            out.text += completion.text
+            for completion in ro.outputs:
+                out = samples[completion.index]
+                if completion.logprobs is not None:
+                    out.logprobs = (out.logprobs or []) + [
+                        sorted(((tid, lp.logprob) for tid, lp in step.items()), key=lambda t: -t[1])
+                        for step in completion.logprobs]
+                    out.cumulative_logprob = completion.cumulative_logprob
+                out.token_ids.extend(completion.token_ids)
+                out.token_times.extend([now] * len(completion.token_ids))
+                out.text += completion.text
+                if completion.finish_reason in RequestFailed.FINISH_REASONS:
+                    raise RequestFailed(f"vLLM ended the request with finish_reason {completion.finish_reason!r} "
+                                        f"after {len(out.token_ids)} tokens")
+                if completion.finish_reason is not None:
+                    out.finish_reason = completion.finish_reason
+                    out.stop_reason = None if completion.stop_reason is None else str(completion.stop_reason)
             # num_cached_tokens is reported with the first output; keep the largest value seen.
-            out.num_cached_tokens = max(out.num_cached_tokens, ro.num_cached_tokens or 0)
-            if ro.finished and completion.finish_reason in RequestFailed.FINISH_REASONS:
-                raise RequestFailed(f"vLLM ended the request with finish_reason {completion.finish_reason!r} "
-                                    f"after {len(out.token_ids)} tokens")
+            samples[0].num_cached_tokens = max(samples[0].num_cached_tokens, ro.num_cached_tokens or 0)
             if ro.finished:
-                out.finish_reason = completion.finish_reason
-                out.stop_reason = None if completion.stop_reason is None else str(completion.stop_reason)
-                out.kv_transfer_params = ro.kv_transfer_params
+                samples[0].kv_transfer_params = ro.kv_transfer_params
     finally:
         await outputs.aclose()  # aborts the request in the engine if it did not finish
-    return out
+    samples[0].others = samples[1:]
+    return samples[0]
+
+
+async def stream_samples(engine: "AsyncLLM", request_id: str, prompt_token_ids: list[int],
+                         sampling: SamplingConfig, kv_transfer_params: dict[str, Any],
+                         first_token_timeout_s: float | None = None,
+                         lora_request: "LoRARequest | None" = None) -> Streamed:
+    """``sampling.n`` samples of a prompt whose KV arrives through a KV connector
+    (``kv_transfer_params``), moved once: sample 0 is the request that loads the KV; once its
+    first token is out (the prompt's KV is in this engine's prefix cache) samples 1..n-1 run as
+    requests of their own that hit that cache, each with seed ``sampling.seed + i`` as vLLM's
+    own ``n`` gives its samples (vLLM's ``n`` would load the KV once per sample). Returns sample
+    0 with the others in ``others``.
+
+    Raises:
+        FirstTokenTimeout, RequestFailed: as :func:`stream`, for sample 0 (the KV) or any other.
+    """
+    one = dataclasses.replace(sampling, n=1)
+    first_output = asyncio.Event()
+    head = asyncio.ensure_future(stream(engine, request_id, prompt_token_ids, sampling_params(one, kv_transfer_params),
+                                        first_token_timeout_s, lora_request, first_output))
+    if sampling.n == 1:
+        return await head
+    rest: list[asyncio.Future] = []
+    try:
+        waiting = asyncio.ensure_future(first_output.wait())
+        await asyncio.wait({head, waiting}, return_when=asyncio.FIRST_COMPLETED)
+        waiting.cancel()
+        if head.done():
+            head.result()  # raises the head's failure
+        rest = [asyncio.ensure_future(stream(
+            engine, f"{request_id}-s{i}", prompt_token_ids,
+            sampling_params(dataclasses.replace(one, seed=None if one.seed is None else one.seed + i)),
+            lora_request=lora_request)) for i in range(1, sampling.n)]
+        out = await head
+        out.others = list(await asyncio.gather(*rest))
+        return out
+    finally:
+        for f in (head, *rest):
+            f.cancel()

@@ -13,7 +13,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from pipeline.io.atomic import write_parquet
-from pipeline.io.output import RESULT_SCHEMA, RowResult
+from pipeline.io.output import RowResult, result_schema
 
 
 class RowCheckpoint:
@@ -25,12 +25,14 @@ class RowCheckpoint:
     flight when the owner dies are served again. ``with_batch``, when given, receives the
     ``extra`` records of each batch's rows right after that batch is saved (the owner writes its
     request metrics there): a row's metrics are written once its result is safe, so a resumed
-    shard never serves a row again that already has metrics.
+    shard never serves a row again that already has metrics. ``samples``: the sample columns are
+    lists (``job.sampling.n`` > 1, :func:`~pipeline.io.output.result_schema`).
     """
 
     def __init__(self, directory: Path, every: int,
-                 with_batch: Callable[[list[dict[str, Any]]], None] | None = None):
+                 with_batch: Callable[[list[dict[str, Any]]], None] | None = None, samples: bool = False):
         self.directory, self.every = Path(directory), max(1, every)
+        self.schema = result_schema(samples)
         self.with_batch = with_batch
         self.pending: list[tuple[int, RowResult, dict[str, Any] | None]] = []
 
@@ -58,7 +60,7 @@ class RowCheckpoint:
 
     def _write(self, batch: list[tuple[int, RowResult, dict[str, Any] | None]]) -> None:
         cols = {"row": pa.array([r for r, _, _ in batch], pa.int64())}
-        for f in RESULT_SCHEMA:
+        for f in self.schema:
             cols[f.name] = pa.array([getattr(res, f.name) for _, res, _ in batch], f.type)
         write_parquet(pa.table(cols), self.directory / f"part-{uuid.uuid4().hex}.parquet")
         extras = [e for _, _, e in batch if e is not None]

@@ -30,6 +30,11 @@ Columns (documented in the README):
   passage_ids        RAG jobs only: list<string>, the retrieved passages ("<doc id>#<chunk>"),
                      best first, numbered [1], [2], ... in the prompt
   passage_scores     RAG jobs only: list<float32>, their cosine similarity to the question
+
+With job.sampling.n > 1 (several samples per prompt) the per-sample columns (SAMPLE_COLUMNS:
+generation, generation_token_ids, finish_reason, stop_reason, logprobs, cumulative_logprob) hold
+a list with one entry per sample, sample 0 first, in every row of the run; output_tokens counts
+the tokens of all samples; the latency columns are sample 0's.
 """
 
 from __future__ import annotations
@@ -80,30 +85,44 @@ class RowResult:
 def served_row(*, text: str | None, token_ids: list[int], finish_reason: str | None, error: str | None,
                token_times: list[float], prefill_start: float, prefill_end: float | None,
                prefill_worker: str, logprobs: list[list[tuple[int, float]]] | None = None,
-               **rest) -> RowResult:
+               stop_reason: str | None = None, cumulative_logprob: float | None = None,
+               others: list = (), samples: bool = False, **rest) -> RowResult:
     """The :class:`RowResult` of a row an engine served, its latency columns derived from the
     times (seconds): prefill ``prefill_end - prefill_start`` (colocated, with no ``prefill_end``:
     up to the first token), KV hand-off ``first token - prefill_end`` (null colocated), TTFT
     ``first token - prefill_start``, decode ``last token - first token``; all but prefill null
     when no token came. ``logprobs``: per token, (token id, logprob) pairs (the engine's
-    :class:`~pipeline.engine.stream.Streamed` form). ``rest``: the other :class:`RowResult`
-    fields (``decode_worker``, ``kv_tokens`` ...)."""
+    :class:`~pipeline.engine.stream.Streamed` form). The sample fields given are sample 0's;
+    ``others``: samples 1..n-1 (objects with the same fields: ``Streamed`` or a wire ``Sample``);
+    ``samples``: the run's sample columns are lists (``job.sampling.n`` > 1). ``rest``: the
+    other :class:`RowResult` fields (``decode_worker``, ``kv_tokens`` ...)."""
     first = token_times[0] if token_times else None
     if prefill_end is not None:
         prefill_s = prefill_end - prefill_start
     else:
         prefill_s = (first - prefill_start) if first else None
+    each = [dict(generation=text, generation_token_ids=token_ids, finish_reason=finish_reason,
+                 stop_reason=stop_reason, cumulative_logprob=cumulative_logprob, logprobs=logprobs)]
+    each += [dict(generation=o.text, generation_token_ids=o.token_ids, finish_reason=o.finish_reason,
+                  stop_reason=o.stop_reason, cumulative_logprob=o.cumulative_logprob, logprobs=o.logprobs)
+             for o in others]
+    for e in each:
+        e["logprobs"] = None if e["logprobs"] is None else [
+            [{"token_id": t, "logprob": lp} for t, lp in step] for step in e["logprobs"]]
+    if error:
+        columns = dict.fromkeys(SAMPLE_COLUMNS)
+    elif samples:
+        columns = {k: [e[k] for e in each] for k in SAMPLE_COLUMNS}
+    else:
+        columns = each[0]
     return RowResult(
-        generation=None if error else text, generation_token_ids=None if error else token_ids,
-        finish_reason=finish_reason, output_tokens=len(token_ids), error=error,
+        **columns, output_tokens=sum(len(e["generation_token_ids"]) for e in each), error=error,
         prefill_s=prefill_s,
         kv_handoff_s=(first - prefill_end) if first and prefill_end is not None else None,
         ttft_s=(first - prefill_start) if first else None,
         decode_s=(token_times[-1] - first) if first else None,
         prefill_worker=prefill_worker, prefill_start=prefill_start, prefill_end=prefill_end,
-        token_times=token_times, **rest,
-        logprobs=None if logprobs is None or error else [
-            [{"token_id": t, "logprob": lp} for t, lp in step] for step in logprobs])
+        token_times=token_times, **rest)
 
 
 RESULT_SCHEMA = pa.schema([
@@ -130,7 +149,16 @@ RESULT_SCHEMA = pa.schema([
     ("passage_scores", pa.list_(pa.float32())),
 ])
 RAG_COLUMNS = ("passage_ids", "passage_scores")
+SAMPLE_COLUMNS = ("generation", "generation_token_ids", "finish_reason", "stop_reason", "logprobs", "cumulative_logprob")
 assert [f.name for f in fields(RowResult)][:len(RESULT_SCHEMA)] == RESULT_SCHEMA.names
+
+
+def result_schema(samples: bool = False) -> pa.Schema:
+    """The result columns: :data:`RESULT_SCHEMA`, or with ``samples`` (``job.sampling.n`` > 1)
+    each of :data:`SAMPLE_COLUMNS` as a list of its type, one entry per sample."""
+    if not samples:
+        return RESULT_SCHEMA
+    return pa.schema([pa.field(f.name, pa.list_(f.type)) if f.name in SAMPLE_COLUMNS else f for f in RESULT_SCHEMA])
 
 
 def ids_as_keys(ids: pa.Array) -> pa.Array:
@@ -178,8 +206,9 @@ def passthrough_names(input_names: list[str], id_column: str, text_column: str,
 
 
 def output_schema(input_schema: pa.Schema, id_column: str, text_column: str, rag: bool = False,
-                  prefix: str | None = None) -> pa.Schema:
-    """The output shard's schema for an input shard of ``input_schema`` (see :func:`build_output`).
+                  prefix: str | None = None, samples: bool = False) -> pa.Schema:
+    """The output shard's schema for an input shard of ``input_schema`` (see :func:`build_output`;
+    ``samples``: :func:`result_schema`).
 
     Raises:
         ValueError: an input column clashes with an output column and no ``prefix`` is set.
@@ -187,15 +216,16 @@ def output_schema(input_schema: pa.Schema, id_column: str, text_column: str, rag
     fields = [pa.field(id_column, id_type(input_schema, id_column))]
     for name, out in passthrough_names(input_schema.names, id_column, text_column, prefix).items():
         fields.append(input_schema.field(name).with_name(out))
-    fields += [f for f in RESULT_SCHEMA if rag or f.name not in RAG_COLUMNS]
+    fields += [f for f in result_schema(samples) if rag or f.name not in RAG_COLUMNS]
     return pa.schema(fields)
 
 
 def build_output(table: pa.Table | pa.RecordBatch, ids: pa.Array, id_column: str, text_column: str,
-                 results: list[RowResult], rag: bool = False, prefix: str | None = None) -> pa.Table:
+                 results: list[RowResult], rag: bool = False, prefix: str | None = None,
+                 samples: bool = False) -> pa.Table:
     """Assemble rows of the output shard: ``id_column``, passthrough columns (renamed with
     ``prefix`` where they clash with an output column), then the result columns (the RAG columns
-    only when ``rag``).
+    only when ``rag``; ``samples``: :func:`result_schema`).
 
     Raises:
         ValueError: ``results`` does not hold exactly one entry per input row, or an input
@@ -206,7 +236,7 @@ def build_output(table: pa.Table | pa.RecordBatch, ids: pa.Array, id_column: str
     columns = {id_column: ids}
     for name, out in passthrough_names(table.schema.names, id_column, text_column, prefix).items():
         columns[out] = table.column(name)
-    for field in RESULT_SCHEMA:
+    for field in result_schema(samples):
         if field.name in RAG_COLUMNS and not rag:
             continue
         columns[field.name] = pa.array([getattr(r, field.name) for r in results], field.type)

@@ -17,8 +17,9 @@ def row_sampling(base: SamplingConfig, override: dict[str, Any] | None, column: 
     """``base`` with the non-null fields of ``override`` (a row's ``column`` struct) in place.
 
     Raises:
-        ValueError: an unknown field, a value of the wrong type or out of range; one line
-            naming ``column.field`` (the row becomes an error row).
+        ValueError: an unknown field, a value of the wrong type or out of range, or ``n > 1``
+            in a run whose ``job.sampling.n`` is 1; one line naming ``column.field`` (the row
+            becomes an error row).
     """
     if not override:
         return base
@@ -33,8 +34,12 @@ def row_sampling(base: SamplingConfig, override: dict[str, Any] | None, column: 
     if not values:
         return base
     try:
-        return dataclasses.replace(base, **values)
+        out = dataclasses.replace(base, **values)
     except ValueError as exc:
         raise ValueError(str(exc).replace("job.sampling.", f"{column}.", 1)) from None
     except TypeError as exc:
         raise ValueError(f"{column}: a value of the wrong type ({exc})") from None
+    if out.n > 1 and base.n == 1:
+        raise ValueError(f"{column}.n: {out.n} samples need job.sampling.n > 1 for the run (its generation "
+                         f"columns hold lists of samples only then; a row may ask for fewer, down to 1)")
+    return out

@@ -39,7 +39,8 @@ async def _colocated(run: RunDir, task: int, n_tasks: int, cpus: str | None) -> 
         return served_row(text=s.text, token_ids=s.token_ids, finish_reason=s.finish_reason, error=None,
                           token_times=s.token_times, prefill_start=t0, prefill_end=None,
                           prefill_worker=worker, prefix_cached_tokens=s.num_cached_tokens,
-                          stop_reason=s.stop_reason, logprobs=s.logprobs, cumulative_logprob=s.cumulative_logprob)
+                          stop_reason=s.stop_reason, logprobs=s.logprobs, cumulative_logprob=s.cumulative_logprob,
+                          others=s.others, samples=cfg.job.sampling.n > 1)
 
     try:
         await own_shards(run, cfg, shards, worker, load_tokenizer(cfg), serve)

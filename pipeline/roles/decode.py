@@ -21,13 +21,13 @@ from pipeline.engine.kv_layout import kv_capacity_tokens
 from pipeline.engine.lora import lora_request
 from pipeline.engine.model import model_kv_bytes_per_token
 from pipeline.engine.steps import StepRecorder
-from pipeline.engine.stream import FirstTokenTimeout, RequestFailed, Streamed, sampling_params, stream
+from pipeline.engine.stream import FirstTokenTimeout, RequestFailed, Streamed, sampling_params, stream, stream_samples
 from pipeline.roles.errors import is_worker_failure
 from pipeline.runtime.ids import worker_id
 from pipeline.runtime.net import side_channel, worker_host
 from pipeline.runtime.rundir import RunDir
 from pipeline.wire.auth import Unauthenticated, sign, verify
-from pipeline.wire.messages import Handoff, Release, Reserve, Reserved, Result, decode, encode
+from pipeline.wire.messages import Handoff, Release, Reserve, Reserved, Result, Sample, decode, encode
 
 if TYPE_CHECKING:
     from pipeline.engine.dram_pool import DramPool
@@ -202,19 +202,17 @@ class DecodeServer:
             except asyncio.TimeoutError:
                 raise FirstTokenTimeout(f"its KV write into the DRAM tier did not complete within "
                                         f"{kv_timeout_s:g} s") from None
-            params = sampling_params(SamplingConfig(**h.sampling), kv_transfer_params={
-                "dram_slots": slots, "dram_pool": {"path": str(self.pool.path), "num_slots": self.pool.num_slots}})
-            return await stream(self.engine, h.request_id, h.prompt_token_ids, params,
-                                lora_request=lora_request(self.cfg, h.lora))
+            kv_params = {"dram_slots": slots, "dram_pool": {"path": str(self.pool.path), "num_slots": self.pool.num_slots}}
+            return await stream_samples(self.engine, h.request_id, h.prompt_token_ids, SamplingConfig(**h.sampling),
+                                        kv_params, lora_request=lora_request(self.cfg, h.lora))
         finally:
             await self.pool.release(slots)
 
     async def _from_prefill(self, h: Handoff, rid: str, kv_params: dict) -> Streamed:
         """Decode with vLLM's NIXL connector taking the KV from the prefill worker's blocks."""
-        params = sampling_params(SamplingConfig(**h.sampling), kv_transfer_params=kv_params)
-        return await stream(self.engine, rid, h.prompt_token_ids, params,
-                            first_token_timeout_s=self.cfg.transport.kv_timeout_s,
-                            lora_request=lora_request(self.cfg, h.lora))
+        return await stream_samples(self.engine, rid, h.prompt_token_ids, SamplingConfig(**h.sampling), kv_params,
+                                    first_token_timeout_s=self.cfg.transport.kv_timeout_s,
+                                    lora_request=lora_request(self.cfg, h.lora))
 
     def _nixl_params(self, h: Handoff) -> tuple[str, dict]:
         """The request id and KV transfer parameters the decode engine gets for ``h``.
@@ -258,7 +256,10 @@ class DecodeServer:
             result = Result(row_key=h.row_key, decode_worker=self.worker, token_ids=s.token_ids, text=s.text,
                             finish_reason=s.finish_reason, error=None, kv_tokens=s.num_cached_tokens,
                             arrived_at=arrived, token_times=s.token_times, stop_reason=s.stop_reason,
-                            logprobs=s.logprobs, cumulative_logprob=s.cumulative_logprob)
+                            logprobs=s.logprobs, cumulative_logprob=s.cumulative_logprob,
+                            others=[Sample(token_ids=o.token_ids, text=o.text, finish_reason=o.finish_reason,
+                                           stop_reason=o.stop_reason, logprobs=o.logprobs,
+                                           cumulative_logprob=o.cumulative_logprob) for o in s.others])
         except (FirstTokenTimeout, RequestFailed) as exc:
             if local:  # nothing was to arrive: the request itself failed
                 result = Result(**failed, error=f"decode failed: {exc}")

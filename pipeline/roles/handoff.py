@@ -69,6 +69,7 @@ class PrefillHandoff:
         self.dram = cfg.offload.dram(cfg.model.max_model_len)
         self.block_size = engine.vllm_config.cache_config.block_size
         self.policy = RetryPolicy(cfg.transport.handoff_retries + 1)
+        self.samples = cfg.job.sampling.n > 1  # the sample columns are lists
 
     async def serve(self, p: Prompt) -> RowResult:
         """The row's generation (or error row).
@@ -79,7 +80,7 @@ class PrefillHandoff:
             DecodeUnavailable: no decode worker was alive for ``transport.connect_timeout_s``.
         """
         sampling = p.sampling or self.cfg.job.sampling
-        need = len(p.token_ids) + sampling.max_new_tokens
+        need = len(p.token_ids) + sampling.n * sampling.max_new_tokens  # n samples share the prompt's blocks
         local = self.is_local(p)
         # A request no decode worker can hold is an error row before it costs a prefill.
         self.router.check_fits(need, len(p.token_ids) if self.dram and not local else None)
@@ -149,7 +150,8 @@ class PrefillHandoff:
             token_times=res.token_times, prefill_start=t0, prefill_end=None, prefill_worker=self.worker,
             decode_worker=res.decode_worker, kv_tokens=0, kv_bytes=0, decode_arrived_at=res.arrived_at,
             prefix_cached_tokens=0, tries=n + 1, capacity_wait_s=None, stop_reason=res.stop_reason,
-            logprobs=res.logprobs, cumulative_logprob=res.cumulative_logprob)
+            logprobs=res.logprobs, cumulative_logprob=res.cumulative_logprob, others=res.others,
+            samples=self.samples)
 
     async def _reserve(self, p: Prompt, rid: str, need: int, route: str | None) -> tuple[int, dict[str, Any]]:
         return await self.router.reserve(Reserve(
@@ -182,4 +184,5 @@ class PrefillHandoff:
             prefill_worker=self.worker, decode_worker=res.decode_worker, kv_tokens=res.kv_tokens,
             kv_bytes=res.kv_tokens * self.kv_bytes_per_token, decode_arrived_at=res.arrived_at,
             prefix_cached_tokens=pre.num_cached_tokens, tries=tries, capacity_wait_s=capacity_wait_s,
-            stop_reason=res.stop_reason, logprobs=res.logprobs, cumulative_logprob=res.cumulative_logprob)
+            stop_reason=res.stop_reason, logprobs=res.logprobs, cumulative_logprob=res.cumulative_logprob,
+            others=res.others, samples=self.samples)

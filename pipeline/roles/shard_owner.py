@@ -106,8 +106,10 @@ class ShardOwner:
         self.dispatched = asyncio.Event()
         self.queue: asyncio.Queue[_Batch | None] = asyncio.Queue(maxsize=AHEAD_BATCHES)
         # Request metrics are written with each checkpoint batch, once their rows' results are saved.
+        self.samples = cfg.job.sampling.n > 1  # the sample columns are lists
         self.checkpoint = RowCheckpoint(run.checkpoint_dir(shard), cfg.job.checkpoint_rows,
-                                        with_batch=lambda records: write_request_metrics(run.path, shard.name, records))
+                                        with_batch=lambda records: write_request_metrics(run.path, shard.name, records),
+                                        samples=self.samples)
         self.resumed: dict[int, RowResult] = {}
         self.row_tasks: set[asyncio.Task] = set()
         self.totals = {"rows": 0, "errors": 0, "prompt_tokens": 0, "output_tokens": 0, "kv_bytes": 0}
@@ -271,7 +273,8 @@ class ShardOwner:
         batch_file = is_request_batch(input_schema)
         if LINE_ERROR in input_schema.names:  # JSON Lines / CSV: a bad line's why is in the error column
             input_schema = input_schema.remove(input_schema.get_field_index(LINE_ERROR))
-        schema = output_schema(input_schema, job.id_column, job.prompt_column, rag, job.input_column_prefix)
+        schema = output_schema(input_schema, job.id_column, job.prompt_column, rag, job.input_column_prefix,
+                               self.samples)
         url = output_url(self.run.output_dir(), self.shard)
         pending: list[asyncio.Task] = []
         with atomic_write(url) as f:
@@ -287,7 +290,7 @@ class ShardOwner:
                             t.cancel()
                     rows = batch.rows.select(input_schema.names)
                     table = build_output(rows, batch.ids, job.id_column, job.prompt_column, results,
-                                         rag=rag, prefix=job.input_column_prefix)
+                                         rag=rag, prefix=job.input_column_prefix, samples=self.samples)
                     await asyncio.to_thread(writer.write_table, table.cast(schema))
                     self._count(results)
                 await self.checkpoint.flush()  # the last rows' metrics

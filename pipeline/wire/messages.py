@@ -42,6 +42,18 @@ class Handoff(msgspec.Struct, tag="handoff"):
     lora: Optional[str] = None
 
 
+class Sample(msgspec.Struct):
+    """One more sample of a request (``sampling.n`` > 1): the fields of :class:`Result` that
+    differ per sample."""
+
+    token_ids: list[int]
+    text: str
+    finish_reason: Optional[str]
+    stop_reason: Optional[str] = None
+    logprobs: Optional[list[list[tuple[int, float]]]] = None
+    cumulative_logprob: Optional[float] = None
+
+
 class Result(msgspec.Struct, tag="result"):
     """The decode worker's answer to one :class:`Handoff`.
 
@@ -49,7 +61,8 @@ class Result(msgspec.Struct, tag="result"):
     (vLLM's ``num_cached_tokens``: KV that arrived over NIXL). ``token_times`` holds the wall-clock
     time each output token was seen (seconds since the epoch), one per token id. ``retry`` means
     the request never started decoding (its KV did not arrive within ``transport.kv_timeout_s``):
-    the prefill worker should prefill it again and hand it off anew.
+    the prefill worker should prefill it again and hand it off anew. The fields are sample 0's;
+    ``others`` holds samples 1..n-1 (``sampling.n`` > 1); ``token_times`` are sample 0's.
     """
 
     row_key: str
@@ -65,6 +78,7 @@ class Result(msgspec.Struct, tag="result"):
     stop_reason: Optional[str] = None
     logprobs: Optional[list[list[tuple[int, float]]]] = None
     cumulative_logprob: Optional[float] = None
+    others: list[Sample] = msgspec.field(default_factory=list)
 
 
 class Reserve(msgspec.Struct, tag="reserve"):

@@ -1,0 +1,110 @@
+"""Several samples per prompt (``job.sampling.n`` > 1) on real engines: one input (a Parquet
+shard with per-row ``n`` overrides, and an OpenAI batch file asking for ``n: 2``) run colocated,
+where vLLM's own parallel sampling (``SamplingParams.n``) draws the samples, and disaggregated
+with NIXL pull and with NIXL push through the decode DRAM tier, where the prompt is prefilled and
+its KV moved once and the decode worker draws
+the samples itself (sample 0 loads the KV; the others hit its prefix cache). Checked against
+the independent source, vLLM's own ``n``: the same samples token for token (float32, seeded),
+and against the decode worker's own counters: it computed at most one block of each extra
+sample's prompt, not the prompt again.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from pipeline.io.metrics import read_request_metrics, read_worker_metrics
+from tests.conftest import Run, _run
+
+pytestmark = pytest.mark.e2e
+
+N = 3
+TEXT = ("The river town grew around a stone bridge built by the monks of the valley. Traders came "
+        "every spring with salt, wool and iron, and the market square filled with their carts. ")
+ROWS = [  # id, text, the row's own sampling (None: job.sampling)
+    ("three", TEXT * 3, None),
+    ("one", "Rain fell on the harbour all night. " * 8, {"n": 1}),
+    ("two", TEXT * 2 + "A flood in the third year washed the bridge away.", {"n": 2}),
+    ("zero", "Hi.", {"n": 0}),
+]
+BLOCK = 32  # model.block_size: tokens per KV block (vLLM's CPU default, 128, would hide the sharing)
+SAMPLING = [f"model.block_size={BLOCK}", "job.sampling.temperature=0.8", "job.sampling.seed=7", "job.sampling.max_new_tokens=12",
+            f"job.sampling.n={N}"]
+
+
+@pytest.fixture(scope="module")
+def sample_input(tmp_path_factory):
+    d = tmp_path_factory.mktemp("samples") / "input"
+    d.mkdir()
+    pq.write_table(pa.table({"id": [i for i, _, _ in ROWS], "text": [t for _, t, _ in ROWS],
+                             "sampling_params": pa.array([s for _, _, s in ROWS], pa.struct([("n", pa.int64())]))}),
+                   d / "rows.parquet")
+    line = {"custom_id": "b-two", "method": "POST", "url": "/v1/completions",
+            "body": {"model": "smollm2", "prompt": "Once upon a time", "max_tokens": 6, "n": 2}}
+    (d / "requests.jsonl").write_text(json.dumps(line) + "\n")
+    return d
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory, sample_input) -> dict[str, Run]:
+    return {name: _run(tmp_path_factory, f"samples-{name}", *mode, *SAMPLING, input_url=str(sample_input))
+            for name, mode in (("colocated", ["pools=colocated"]),
+                               ("disaggregated", ["pools=disaggregated", "transport=nixl_pull"]),
+                               ("push-dram", ["pools=disaggregated", "transport=nixl_push", "offload=dram",
+                                              "offload.dram_gib=1"]))}
+
+
+def test_n_samples_equal_vllms_own_and_the_kv_moved_once(runs):
+    want = {r["id"]: r for r in runs["colocated"].rows("rows.parquet")}
+    dram = {r["id"]: r for r in runs["push-dram"].rows("rows.parquet")}
+    got_table = runs["disaggregated"].table("rows.parquet")
+    got = {r["id"]: r for r in got_table.to_pylist()}
+    # The sample columns are lists in every row of the run.
+    assert got_table.schema.field("generation").type == pa.list_(pa.string())
+    assert got_table.schema.field("generation_token_ids").type == pa.list_(pa.list_(pa.int32()))
+    assert got_table.schema.field("finish_reason").type == pa.list_(pa.string())
+    for rid, n in (("three", N), ("one", 1), ("two", 2)):
+        g, w = got[rid], want[rid]
+        assert g["error"] is None and w["error"] is None, (g["error"], w["error"])
+        assert len(g["generation"]) == len(g["generation_token_ids"]) == len(g["finish_reason"]) == n
+        assert g["generation_token_ids"] == w["generation_token_ids"] == dram[rid]["generation_token_ids"], rid
+        assert g["generation"] == w["generation"], rid
+        assert g["output_tokens"] == sum(len(t) for t in g["generation_token_ids"])
+        assert all(f in ("stop", "length") for f in g["finish_reason"])
+    # Seeds seed + i: the samples of a row differ.
+    assert len({tuple(t) for t in got["three"]["generation_token_ids"]}) > 1
+    assert got["zero"]["error"] and "n: must be >= 1" in got["zero"]["error"]
+    assert got["zero"]["generation"] is None
+
+    # One prefill, one hand-off per row; the decode worker received each prompt's KV once and
+    # computed at most one block of each further sample's prompt (its prefix cache held the
+    # rest), where vLLM's own n would have loaded or computed the whole prompt per sample.
+    run = runs["disaggregated"]
+    m = read_request_metrics(run.run_dir).to_pylist()
+    assert sorted(r["tries"] for r in m) == [1, 1, 1, 1]  # three rows and the batch file's request
+    assert all(r["kv_tokens"] >= r["prompt_tokens"] - 1 for r in m)
+    samples = {r["id"]: len(r["generation"]) for r in got.values() if r["generation"]}
+    by_row = {r["row"]: r["prompt_tokens"] for r in m if r["shard"] == "rows.parquet"}
+    extra_prompt_tokens = sum(by_row[i] * (samples[rid] - 1) for i, (rid, _, _) in enumerate(ROWS) if rid in samples)
+    extra_samples = sum(n - 1 for n in samples.values()) + 1  # + the batch file's second sample
+    computed = sum(s["prompt_tokens_computed"] or 0 for s in read_worker_metrics(run.run_dir).to_pylist()
+                   if s["role"] == "decode")
+    assert computed <= BLOCK * extra_samples + len(m), (computed, by_row)
+    assert computed < 0.5 * extra_prompt_tokens, (computed, extra_prompt_tokens)
+
+
+def test_openai_batch_line_with_n_has_one_choice_per_sample(runs):
+    for mode, run in runs.items():
+        [line] = [json.loads(x) for x in (run.output / "requests.jsonl").read_text().splitlines()]
+        assert line["custom_id"] == "b-two" and line["error"] is None, (mode, line)
+        choices = line["response"]["body"]["choices"]
+        assert [c["index"] for c in choices] == [0, 1], mode
+        row = run.rows("requests.parquet")[0]
+        assert [c["text"] for c in choices] == row["generation"]
+    texts = [[c["text"] for c in json.loads((r.output / "requests.jsonl").read_text())["response"]["body"]["choices"]]
+             for r in runs.values()]
+    assert texts[0] == texts[1] == texts[2]
