@@ -27,10 +27,11 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from pipeline.config import JobConfig
+from pipeline.config import JobConfig, SamplingConfig
 from pipeline.io.atomic import atomic_write, url_to_fs
 from pipeline.io.formats import LINE_ERROR, json_kind
 from pipeline.io.prompts import Prompt, make_prompts
+from pipeline.io.sampling import row_sampling
 
 CHAT, COMPLETIONS = "/v1/chat/completions", "/v1/completions"
 MESSAGES = pa.list_(pa.struct([("role", pa.string()), ("content", pa.string())]))
@@ -209,10 +210,34 @@ def request_row(line: int, value: Any) -> dict[str, Any]:
         else:
             row["text"] = _prompt(body.get("prompt"))
         row["sampling_params"] = body_sampling(body, url == CHAT)
+        _check_ranges(row["sampling_params"])
     except ValueError as exc:
         row[LINE_ERROR] = f"line {line}: {exc}"
         row["messages"] = row["text"] = row["sampling_params"] = None
     return row
+
+
+#: A base that takes any body's fields: what the job's sampling decides (``n``, ``max_new_tokens``
+#: for a body without ``max_tokens``) is checked later, against the job (:func:`body_errors`).
+_ANY = SamplingConfig(max_new_tokens=2**31 - 1, n=2)
+
+
+def body_errors(message: str) -> str:
+    """A sampling error of a request's ``body`` (:func:`pipeline.io.sampling.row_sampling` with
+    column ``body``) in the request's own names (``max_tokens``, not ``max_new_tokens``)."""
+    return message.replace("max_new_tokens", "max_tokens")
+
+
+def _check_ranges(sampling: dict[str, Any]) -> None:
+    """Check each body field's own range as its line is read, so that the error names the line.
+
+    Raises:
+        ValueError: a value out of range (``body.max_tokens: must be >= 1, got -1``).
+    """
+    try:
+        row_sampling(_ANY, sampling, "body")
+    except ValueError as exc:
+        raise ValueError(body_errors(str(exc))) from None
 
 
 def request_batch(items: list[tuple[int, Any]]) -> pa.RecordBatch:

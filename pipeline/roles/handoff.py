@@ -10,7 +10,7 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from pipeline.config import Config
+from pipeline.config import Config, SamplingConfig
 from pipeline.engine.lora import lora_request
 from pipeline.engine.stream import Streamed, prefill_params, stream
 from pipeline.io.output import RowResult, served_row
@@ -50,6 +50,14 @@ class RetryPolicy:
         return True
 
 
+def kv_tokens_needed(prompt_tokens: int, sampling: SamplingConfig, max_model_len: int) -> int:
+    """Tokens of KV cache a decode worker may need for a request: the prompt's, plus each of its
+    ``sampling.n`` samples' new tokens (the samples share the prompt's blocks). A sample ends at
+    the context's end (vLLM's finish ``"length"``) whatever ``max_new_tokens`` asks, so a larger
+    value needs no more KV than ``max_model_len - prompt_tokens`` per sample."""
+    return prompt_tokens + sampling.n * max(0, min(sampling.max_new_tokens, max_model_len - prompt_tokens))
+
+
 class PrefillHandoff:
     """Serves rows on a prefill worker: each row's prompt is prefilled on ``engine`` (one token,
     ``do_remote_decode``) and handed to a decode worker through ``router``.
@@ -80,7 +88,7 @@ class PrefillHandoff:
             DecodeUnavailable: no decode worker was alive for ``transport.connect_timeout_s``.
         """
         sampling = p.sampling or self.cfg.job.sampling
-        need = len(p.token_ids) + sampling.n * sampling.max_new_tokens  # n samples share the prompt's blocks
+        need = kv_tokens_needed(len(p.token_ids), sampling, self.cfg.model.max_model_len)
         local = self.is_local(p)
         # A request no decode worker can hold is an error row before it costs a prefill.
         self.router.check_fits(need, len(p.token_ids) if self.dram and not local else None)

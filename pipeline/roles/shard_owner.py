@@ -18,7 +18,8 @@ from pipeline.io.atomic import atomic_write
 from pipeline.io.checkpoint import RowCheckpoint
 from pipeline.io.formats import LINE_ERROR, line_errors
 from pipeline.io.metrics import request_record, write_request_metrics
-from pipeline.io.openai_batch import REQUEST_SAMPLING, is_request_batch, request_prompts, write_batch_output
+from pipeline.io.openai_batch import (REQUEST_SAMPLING, body_errors, is_request_batch, request_prompts,
+                                      write_batch_output)
 from pipeline.io.output import RowResult, build_output, output_schema, row_ids
 from pipeline.io.prompts import Prompt, make_prompts
 from pipeline.io.sampling import row_sampling
@@ -186,7 +187,7 @@ class ShardOwner:
         if requests:  # OpenAI batch requests, whatever the job's columns
             prompts = await asyncio.to_thread(request_prompts, batch.rows, keys, self.job, self.tokenizer,
                                               self.cfg.model.max_model_len, batch.first_row, errors,
-                                              self._samplings(batch.rows, REQUEST_SAMPLING))
+                                              self._samplings(batch.rows, REQUEST_SAMPLING, "body"))
         elif column not in names:  # refused at start; a shard replaced since still fails row by row
             missing = (f"column {column!r} is not in the shard (columns: {', '.join(names)}); "
                        f"set job.{'messages' if self.job.messages_column else 'text'}_column")
@@ -221,9 +222,11 @@ class ShardOwner:
             if p.error is None:
                 p.lora, p.error = name, why
 
-    def _samplings(self, rows: pa.RecordBatch, column: str | None = None) -> list[SamplingConfig | str | None] | None:
+    def _samplings(self, rows: pa.RecordBatch, column: str | None = None,
+                   label: str | None = None) -> list[SamplingConfig | str | None] | None:
         """Each row's own sampling from ``column`` (default ``job.sampling_column``; None: the
-        column is absent), or why it is invalid (the row's error)."""
+        column is absent), or why it is invalid (the row's error, naming the field as
+        ``label.field``: ``body`` for an OpenAI batch request, in its own names)."""
         column = column or self.job.sampling_column
         if column not in rows.schema.names:
             return None
@@ -233,9 +236,9 @@ class ShardOwner:
                 out.append(f"{column} is {type(value).__name__}, not a struct of sampling fields")
                 continue
             try:
-                out.append(row_sampling(self.job.sampling, value, column))
+                out.append(row_sampling(self.job.sampling, value, label or column))
             except ValueError as exc:
-                out.append(str(exc))
+                out.append(body_errors(str(exc)) if label == "body" else str(exc))
         return out
 
     async def _one(self, p: Prompt, read_at: float) -> RowResult:

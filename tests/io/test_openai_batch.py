@@ -102,7 +102,17 @@ def test_lines_become_rows_bad_lines_say_why(tmp_path):
     assert errors[4] == "line 5: url '/v1/embeddings' is not supported (supported: /v1/chat/completions, /v1/completions)"
     assert rows[5]["messages"] == [{"role": "user", "content": "ab"}] and rows[5]["sampling_params"]["logprobs"] == 3
     assert errors[6].startswith("line 7: body.logit_bias=")
-    assert [e is None for e in errors] == [True, True, False, False, False, True, False, True, True, True]
+    # A value out of range names its line and the body's own field name.
+    assert errors[7] == "line 8: body.temperature: must be >= 0, got -1"
+    assert [e is None for e in errors] == [True, True, False, False, False, True, False, False, True, True]
+    for body, why in [({"max_tokens": -1}, "line 1: body.max_tokens: must be >= 1, got -1"),
+                      ({"max_completion_tokens": 0}, "line 1: body.max_tokens: must be >= 1, got 0"),
+                      ({"n": 0}, "line 1: body.n: must be >= 1, got 0"),
+                      ({"max_tokens": 4, "min_tokens": 9}, "line 1: body.min_tokens: must be in [0, max_tokens=4], got 9")]:
+        assert request_batch([(1, _request("r", messages=_user("x"), **body))]).column("line_error")[0].as_py() == why
+    # Fields the job's sampling decides are checked against it later (n > 1 needs a run of samples).
+    ok = request_batch([(1, _request("r", messages=_user("x"), n=3, min_tokens=100))])
+    assert ok.column("line_error")[0].as_py() is None
     for line, why in [({"custom_id": "g", "method": "GET", "url": CHAT, "body": {}}, "method is 'GET'"),
                       ({"url": CHAT, "body": {}, "method": "POST"}, "custom_id is missing"),
                       (_request("ids", COMPLETIONS, prompt=[1, 2]), "body.prompt must be one string"),

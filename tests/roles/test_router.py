@@ -113,3 +113,13 @@ def test_liveness_follows_heartbeat_changes_not_the_decode_nodes_clock(tmp_path)
             c.inflight = {}
             c.close()
     asyncio.run(go())
+
+
+def test_kv_tokens_a_request_needs_stop_at_the_context_and_count_each_sample():
+    from pipeline.config import SamplingConfig
+    from pipeline.roles.handoff import kv_tokens_needed
+
+    assert kv_tokens_needed(100, SamplingConfig(max_new_tokens=64), 8192) == 164
+    assert kv_tokens_needed(100, SamplingConfig(max_new_tokens=10**9), 8192) == 8192  # ends at the context
+    assert kv_tokens_needed(100, SamplingConfig(max_new_tokens=64, n=3), 8192) == 100 + 3 * 64
+    assert kv_tokens_needed(8000, SamplingConfig(max_new_tokens=500, n=2), 8192) == 8000 + 2 * 192
