@@ -37,8 +37,9 @@ import functools
 import logging
 import os
 import sys
+import threading
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 from pipeline.config import Config, ConfigError
 from pipeline.engine.build import (
@@ -97,7 +98,8 @@ def check_lora(cfg: Config) -> None:
 def check_engine_args(cfg: Config) -> None:
     """Check the engine arguments of ``cfg`` (see the module doc); returns at once when none is
     set. Cost: vLLM's import (5-10 s) and up to four ``create_engine_config`` calls (~1.5 s for
-    the first, milliseconds after) when some are set.
+    the first, milliseconds after) when some are set. The checks that import vLLM run on a
+    thread of their own (:func:`_off_the_callers_stack`).
 
     Raises:
         ConfigError: one line naming the setting (``model.engine_kwargs.max_num_seq: ...``).
@@ -105,6 +107,35 @@ def check_engine_args(cfg: Config) -> None:
     check_lora(cfg)
     if not any(getattr(cfg.model, d.split(".", 1)[1]) for d in _DICTS) and not cfg.model.lora:
         return
+    _off_the_callers_stack(_check_with_fields, cfg)
+
+
+def _off_the_callers_stack(fn: Callable[..., None], *args: Any) -> None:
+    """``fn(*args)`` on a thread of its own; its exception is raised here.
+
+    Some of vLLM's modules keep an exception raised while they were imported
+    (``vllm.multimodal.media.audio`` keeps torchcodec's ``ImportError`` in a module global), and
+    with its traceback every frame of the stack that imported them, locals included. Imported
+    from the launcher's stack, that kept the run's submitit jobs alive until the interpreter shut
+    down, where submitit's ``LocalJob.__del__`` fails (``TypeError: 'NoneType' object is not
+    callable``, printed after every run that set an engine argument). A thread's stack holds
+    only this call."""
+    failed: list[BaseException] = []
+
+    def call() -> None:
+        try:
+            fn(*args)
+        except BaseException as exc:  # noqa: BLE001 -- raised again on the caller's thread
+            failed.append(exc)
+
+    t = threading.Thread(target=call, name="preflight-engine-args")
+    t.start()
+    t.join()
+    if failed:
+        raise failed[0]
+
+
+def _check_with_fields(cfg: Config) -> None:
     with _vllm_quietly():
         try:
             fields = _fields()
