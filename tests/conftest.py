@@ -75,3 +75,13 @@ def pull_run(tmp_path_factory) -> Run:
     """1P:1D, decode READs KV from prefill's blocks (NixlConnector), input given as a glob."""
     return _run(tmp_path_factory, "pull", "pools=disaggregated", "transport=nixl_pull",
                 input_url=str(SAMPLE / "shard-*.parquet"))
+
+
+@pytest.fixture(scope="session")
+def slurm_cluster():
+    """The single-node test Slurm of slurm/start-test-cluster.sh (2 CPUs, feature "ib"), brought up once."""
+    if os.geteuid() != 0:
+        pytest.skip("bringing up the test Slurm needs root (apt-get, munge, slurmd)")
+    p = subprocess.run(["bash", str(ROOT / "slurm" / "start-test-cluster.sh")],
+                       capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, f"test Slurm did not come up:\n{p.stdout}\n{p.stderr}"

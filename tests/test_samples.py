@@ -18,7 +18,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from pipeline.io.metrics import read_request_metrics, read_worker_metrics
-from tests.conftest import Run, _run
+from tests.conftest import COMMON, Run, _run, run_pipeline
 
 pytestmark = pytest.mark.e2e
 
@@ -43,9 +43,13 @@ def sample_input(tmp_path_factory):
     pq.write_table(pa.table({"id": [i for i, _, _ in ROWS], "text": [t for _, t, _ in ROWS],
                              "sampling_params": pa.array([s for _, _, s in ROWS], pa.struct([("n", pa.int64())]))}),
                    d / "rows.parquet")
-    line = {"custom_id": "b-two", "method": "POST", "url": "/v1/completions",
-            "body": {"model": "smollm2", "prompt": "Once upon a time", "max_tokens": 6, "n": 2}}
-    (d / "requests.jsonl").write_text(json.dumps(line) + "\n")
+    lines = [{"custom_id": "b-two", "method": "POST", "url": "/v1/completions",
+              "body": {"model": "smollm2", "prompt": "Once upon a time", "max_tokens": 6, "n": 2}},
+             {"custom_id": "b-chat", "method": "POST", "url": "/v1/chat/completions",
+              "body": {"model": "smollm2", "messages": [{"role": "system", "content": "Be brief."},
+                                                        {"role": "user", "content": "Name a bird."}],
+                       "max_completion_tokens": 6}}]
+    (d / "requests.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
     return d
 
 
@@ -85,26 +89,46 @@ def test_n_samples_equal_vllms_own_and_the_kv_moved_once(runs):
     # rest), where vLLM's own n would have loaded or computed the whole prompt per sample.
     run = runs["disaggregated"]
     m = read_request_metrics(run.run_dir).to_pylist()
-    assert sorted(r["tries"] for r in m) == [1, 1, 1, 1]  # three rows and the batch file's request
+    assert sorted(r["tries"] for r in m) == [1] * 5  # three rows and the batch file's two requests
     assert all(r["kv_tokens"] >= r["prompt_tokens"] - 1 for r in m)
     samples = {r["id"]: len(r["generation"]) for r in got.values() if r["generation"]}
     by_row = {r["row"]: r["prompt_tokens"] for r in m if r["shard"] == "rows.parquet"}
     extra_prompt_tokens = sum(by_row[i] * (samples[rid] - 1) for i, (rid, _, _) in enumerate(ROWS) if rid in samples)
-    extra_samples = sum(n - 1 for n in samples.values()) + 1  # + the batch file's second sample
+    extra_samples = sum(n - 1 for n in samples.values()) + 1 + N - 1  # + the batch file's requests' others
     computed = sum(s["prompt_tokens_computed"] or 0 for s in read_worker_metrics(run.run_dir).to_pylist()
                    if s["role"] == "decode")
     assert computed <= BLOCK * extra_samples + len(m), (computed, by_row)
     assert computed < 0.5 * extra_prompt_tokens, (computed, extra_prompt_tokens)
 
 
+def _choices(run: Run) -> list[list[str]]:
+    """Per line of the batch output: its choices' texts (completions) or messages (chat)."""
+    lines = [json.loads(x) for x in (run.output / "requests.jsonl").read_text().splitlines()]
+    assert [x["custom_id"] for x in lines] == ["b-two", "b-chat"] and all(x["error"] is None for x in lines), lines
+    return [[c.get("text") or c["message"]["content"] for c in x["response"]["body"]["choices"]] for x in lines]
+
+
 def test_openai_batch_line_with_n_has_one_choice_per_sample(runs):
     for mode, run in runs.items():
-        [line] = [json.loads(x) for x in (run.output / "requests.jsonl").read_text().splitlines()]
-        assert line["custom_id"] == "b-two" and line["error"] is None, (mode, line)
-        choices = line["response"]["body"]["choices"]
-        assert [c["index"] for c in choices] == [0, 1], mode
-        row = run.rows("requests.parquet")[0]
-        assert [c["text"] for c in choices] == row["generation"]
-    texts = [[c["text"] for c in json.loads((r.output / "requests.jsonl").read_text())["response"]["body"]["choices"]]
-             for r in runs.values()]
-    assert texts[0] == texts[1] == texts[2]
+        two, chat = _choices(run)
+        assert len(two) == 2 and len(chat) == N, mode  # n: 2; the chat request without n: job.sampling.n
+        rows = run.rows("requests.parquet")
+        assert two == rows[0]["generation"] and chat == rows[1]["generation"]
+    assert _choices(runs["colocated"]) == _choices(runs["disaggregated"]) == _choices(runs["push-dram"])
+
+
+@pytest.mark.slurm
+def test_samples_per_row_sampling_and_batch_files_on_slurm(slurm_cluster, runs, sample_input, tmp_path):
+    # The same input through the test Slurm (1P:1D, pull): the same samples as vLLM's own n.
+    p = run_pipeline(*COMMON, "cluster=slurm-test", "pools=disaggregated", "transport=nixl_pull", *SAMPLING,
+                     "run.wait=true", f"run.dir={tmp_path / 'run'}", f"job.input={sample_input}",
+                     f"job.output={tmp_path / 'output'}", timeout=1500)
+    assert p.returncode == 0, f"{p.stdout}\n{p.stderr[-4000:]}"
+    slurm = Run(p.returncode, p.stdout, p.stderr, tmp_path / "run", tmp_path / "output")
+    want = runs["colocated"].rows("rows.parquet")
+    got = slurm.rows("rows.parquet")
+    assert [r["generation_token_ids"] for r in got] == [r["generation_token_ids"] for r in want]
+    assert [r["error"] is None for r in got] == [True, True, True, False]
+    assert _choices(slurm) == _choices(runs["colocated"])
+    jobs = json.loads((tmp_path / "run" / "jobs.json").read_text())
+    assert len(jobs["decode"]) == 1 and len(jobs["array_tasks"]) == 1

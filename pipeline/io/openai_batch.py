@@ -127,8 +127,6 @@ def body_sampling(body: dict, chat: bool) -> dict[str, Any]:
     if chat and top is not None and logprobs is not True:
         raise ValueError("body.top_logprobs needs body.logprobs=true")
     out["logprobs"] = (top or 0) if chat and logprobs is True else (None if chat or logprobs is None else logprobs)
-    if out.get("n") == 1:
-        del out["n"]
     if isinstance(out.get("json_schema"), (dict, bool)):
         out["json_schema"] = json.dumps(out["json_schema"])
     for name, value in out.items():

@@ -68,7 +68,7 @@ def test_body_sampling_under_vllm_names_and_what_is_refused():
                           "stream": False, "user": "u", "best_of": 1}, chat=True) == {
         "max_tokens": 9, "temperature": 0.5, "top_p": 0.9, "seed": 3, "stop": ["\n"], "logprobs": 2,
         "presence_penalty": 0.1, "frequency_penalty": 0.2, "top_k": 5, "min_p": 0.1, "repetition_penalty": 1.1,
-        "stop_token_ids": [2], "ignore_eos": False, "min_tokens": 1}
+        "stop_token_ids": [2], "ignore_eos": False, "min_tokens": 1, "n": 1}
     assert body_sampling({"logprobs": True}, chat=True) == {"logprobs": 0}
     assert body_sampling({"logprobs": 3, "n": 2}, chat=False) == {"logprobs": 3, "n": 2}
     schema = {"type": "object", "properties": {"a": {"type": "integer"}}}

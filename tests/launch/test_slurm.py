@@ -1,29 +1,19 @@
 """The same pipeline on a real Slurm: the single-node test cluster of
-slurm/start-test-cluster.sh (2 CPUs, feature "ib"), brought up by the fixture below."""
+slurm/start-test-cluster.sh (2 CPUs, feature "ib"), brought up by tests.conftest.slurm_cluster."""
 
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import time
 
 import pyarrow.parquet as pq
 import pytest
 
-from tests.conftest import COMMON, ROOT, SAMPLE, run_pipeline
+from tests.conftest import COMMON, SAMPLE, run_pipeline
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slurm]
 SHARDS = sorted(p.name for p in SAMPLE.glob("*.parquet"))
-
-
-@pytest.fixture(scope="session")
-def slurm_cluster():
-    if os.geteuid() != 0:
-        pytest.skip("bringing up the test Slurm needs root (apt-get, munge, slurmd)")
-    p = subprocess.run(["bash", str(ROOT / "slurm" / "start-test-cluster.sh")],
-                       capture_output=True, text=True, timeout=600)
-    assert p.returncode == 0, f"test Slurm did not come up:\n{p.stdout}\n{p.stderr}"
 
 
 def _scontrol_job(job_id: str) -> str:
