@@ -15,7 +15,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from tests.conftest import Run, _run
+from pipeline.io.metrics import read_worker_metrics
+from tests.conftest import COMMON, Run, _run, run_pipeline
 
 pytestmark = pytest.mark.e2e
 
@@ -78,10 +79,8 @@ def _hf_greedy(adapter: str, rows: list[tuple[str, str, str | None]], new_tokens
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory, adapter) -> dict[str, Run]:
-    d = tmp_path_factory.mktemp("lora-input")
-    pq.write_table(pa.table({"id": [i for i, _, _ in ROWS], "text": [t for _, t, _ in ROWS],
-                             "lora": pa.array([a for _, _, a in ROWS], pa.string())}), d / "rows.parquet")
+def runs(tmp_path_factory, adapter, lora_input) -> dict[str, Run]:
+    d = lora_input
     common = [f"model.lora.tiny={adapter}", "job.sampling.max_new_tokens=16"]
     return {
         "colocated": _run(tmp_path_factory, "lora-colocated", "pools=colocated", *common, input_url=str(d)),
@@ -90,6 +89,14 @@ def runs(tmp_path_factory, adapter) -> dict[str, Run]:
         "pull-dram": _run(tmp_path_factory, "lora-pull-dram", "pools=disaggregated", "transport=nixl_pull",
                           "offload=dram", "offload.dram_gib=1", *common, input_url=str(d)),
     }
+
+
+@pytest.fixture(scope="module")
+def lora_input(tmp_path_factory):
+    d = tmp_path_factory.mktemp("lora-input")
+    pq.write_table(pa.table({"id": [i for i, _, _ in ROWS], "text": [t for _, t, _ in ROWS],
+                             "lora": pa.array([a for _, _, a in ROWS], pa.string())}), d / "rows.parquet")
+    return d
 
 
 def _rows(run: Run) -> dict[str, dict]:
@@ -132,3 +139,24 @@ def test_unknown_adapter_is_an_error_row(runs):
         r = _rows(run)["unknown"]
         assert r["generation"] is None
         assert r["error"] == "lora is 'nope', not an adapter of model.lora (known: tiny)"
+
+
+@pytest.mark.slurm
+def test_adapter_and_engine_arguments_on_slurm(slurm_cluster, runs, adapter, lora_input, tmp_path):
+    # The same input through the test Slurm (1P:1D, pull), with engine arguments for both pools
+    # and for decode alone: the workers there load the adapter and take the arguments as locally.
+    p = run_pipeline(*COMMON, "cluster=slurm-test", "pools=disaggregated", "transport=nixl_pull",
+                     f"model.lora.tiny={adapter}", "job.sampling.max_new_tokens=16",
+                     "model.engine_kwargs.max_num_seqs=4", "model.decode_engine_kwargs.max_num_seqs=2",
+                     "run.wait=true", f"run.dir={tmp_path / 'run'}", f"job.input={lora_input}",
+                     f"job.output={tmp_path / 'output'}", timeout=1500)
+    assert p.returncode == 0, f"{p.stdout}\n{p.stderr[-4000:]}"
+    got = {r["id"]: r for r in pq.read_table(tmp_path / "output" / "rows.parquet").to_pylist()}
+    base = _rows(runs["colocated"])
+    for key in ("base-0", "tiny-0", "base-1", "tiny-1"):
+        assert got[key]["generation_token_ids"] == base[key]["generation_token_ids"], key
+    assert got["unknown"]["error"] == base["unknown"]["error"]
+    running = {}
+    for row in read_worker_metrics(tmp_path / "run").to_pylist():
+        running[row["role"]] = max(running.get(row["role"], 0), row["running"] or 0)
+    assert running["decode"] <= 2 and running["prefill"] <= 4, running

@@ -30,6 +30,9 @@ ROWS = [  # id, text, the row's own sampling (None: job.sampling)
     ("one", "Rain fell on the harbour all night. " * 8, {"n": 1}),
     ("two", TEXT * 2 + "A flood in the third year washed the bridge away.", {"n": 2}),
     ("zero", "Hi.", {"n": 0}),
+    ("greedy", "Rain fell on the harbour all night. " * 4, {"n": 2, "temperature": 0.0}),  # vLLM's n refuses
+    ("float-seed", "Hi there.", {"seed": 5.0}),  # a float column: 5.0 is 5
+    ("half-seed", "Hi.", {"seed": 1.5}),  # not an integer: an error row, not a failed engine
 ]
 BLOCK = 32  # model.block_size: tokens per KV block (vLLM's CPU default, 128, would hide the sharing)
 SAMPLING = [f"model.block_size={BLOCK}", "job.sampling.temperature=0.8", "job.sampling.seed=7", "job.sampling.max_new_tokens=12",
@@ -41,7 +44,8 @@ def sample_input(tmp_path_factory):
     d = tmp_path_factory.mktemp("samples") / "input"
     d.mkdir()
     pq.write_table(pa.table({"id": [i for i, _, _ in ROWS], "text": [t for _, t, _ in ROWS],
-                             "sampling_params": pa.array([s for _, _, s in ROWS], pa.struct([("n", pa.int64())]))}),
+                             "sampling_params": pa.array([s for _, _, s in ROWS], pa.struct([("n", pa.int64()), ("temperature", pa.float64()),
+                                                                           ("seed", pa.float64())]))}),
                    d / "rows.parquet")
     lines = [{"custom_id": "b-two", "method": "POST", "url": "/v1/completions",
               "body": {"model": "smollm2", "prompt": "Once upon a time", "max_tokens": 6, "n": 2}},
@@ -83,13 +87,17 @@ def test_n_samples_equal_vllms_own_and_the_kv_moved_once(runs):
     assert len({tuple(t) for t in got["three"]["generation_token_ids"]}) > 1
     assert got["zero"]["error"] and "n: must be >= 1" in got["zero"]["error"]
     assert got["zero"]["generation"] is None
+    assert got["half-seed"]["error"] == "sampling_params.seed: must be an integer, got 1.5"
+    for rid in ("greedy", "float-seed"):
+        assert got[rid]["error"] is None and got[rid]["generation_token_ids"] == want[rid]["generation_token_ids"], rid
+    assert got["greedy"]["generation_token_ids"][0] == got["greedy"]["generation_token_ids"][1]
 
     # One prefill, one hand-off per row; the decode worker received each prompt's KV once and
     # computed at most one block of each further sample's prompt (its prefix cache held the
     # rest), where vLLM's own n would have loaded or computed the whole prompt per sample.
     run = runs["disaggregated"]
     m = read_request_metrics(run.run_dir).to_pylist()
-    assert sorted(r["tries"] for r in m) == [1] * 5  # three rows and the batch file's two requests
+    assert sorted(r["tries"] for r in m) == [1] * 7  # five rows and the batch file's two requests
     assert all(r["kv_tokens"] >= r["prompt_tokens"] - 1 for r in m)
     samples = {r["id"]: len(r["generation"]) for r in got.values() if r["generation"]}
     by_row = {r["row"]: r["prompt_tokens"] for r in m if r["shard"] == "rows.parquet"}
@@ -128,7 +136,7 @@ def test_samples_per_row_sampling_and_batch_files_on_slurm(slurm_cluster, runs, 
     want = runs["colocated"].rows("rows.parquet")
     got = slurm.rows("rows.parquet")
     assert [r["generation_token_ids"] for r in got] == [r["generation_token_ids"] for r in want]
-    assert [r["error"] is None for r in got] == [True, True, True, False]
+    assert [r["error"] is None for r in got] == [True, True, True, False, True, True, False]
     assert _choices(slurm) == _choices(runs["colocated"])
     jobs = json.loads((tmp_path / "run" / "jobs.json").read_text())
     assert len(jobs["decode"]) == 1 and len(jobs["array_tasks"]) == 1

@@ -141,8 +141,18 @@ async def stream(engine: "AsyncLLM", request_id: str, prompt_token_ids: list[int
     return samples[0]
 
 
+async def stream_row(engine: "AsyncLLM", request_id: str, prompt_token_ids: list[int], sampling: SamplingConfig,
+                     lora_request: "LoRARequest | None" = None) -> Streamed:
+    """A row computed wholly by ``engine`` (no KV from elsewhere): vLLM's own ``n`` draws its
+    samples, except greedy ones (vLLM refuses ``n`` > 1 at temperature 0), drawn as
+    :func:`stream_samples` does (identical samples)."""
+    if sampling.n > 1 and sampling.temperature == 0:
+        return await stream_samples(engine, request_id, prompt_token_ids, sampling, None, lora_request=lora_request)
+    return await stream(engine, request_id, prompt_token_ids, sampling_params(sampling), lora_request=lora_request)
+
+
 async def stream_samples(engine: "AsyncLLM", request_id: str, prompt_token_ids: list[int],
-                         sampling: SamplingConfig, kv_transfer_params: dict[str, Any],
+                         sampling: SamplingConfig, kv_transfer_params: dict[str, Any] | None,
                          first_token_timeout_s: float | None = None,
                          lora_request: "LoRARequest | None" = None) -> Streamed:
     """``sampling.n`` samples of a prompt whose KV arrives through a KV connector

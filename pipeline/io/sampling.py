@@ -33,6 +33,8 @@ def row_sampling(base: SamplingConfig, override: dict[str, Any] | None, column: 
         values[name] = value
     if not values:
         return base
+    for name, value in values.items():
+        values[name] = _typed(name, value, column)
     try:
         out = dataclasses.replace(base, **values)
     except ValueError as exc:
@@ -43,3 +45,28 @@ def row_sampling(base: SamplingConfig, override: dict[str, Any] | None, column: 
         raise ValueError(f"{column}.n: {out.n} samples need job.sampling.n > 1 for the run (its generation "
                          f"columns hold lists of samples only then; a row may ask for fewer, down to 1)")
     return out
+
+
+INTEGERS = {"n", "max_new_tokens", "seed", "top_k", "min_tokens", "logprobs"}
+NUMBERS = {"temperature", "top_p", "min_p", "repetition_penalty", "presence_penalty", "frequency_penalty"}
+
+
+def _typed(name: str, value: Any, column: str) -> Any:
+    """A row's value of field ``name`` as the field's type. Columns come in any type: 2.0 is 2
+    and one string is a list of one (``stop``, ``choice``: not its letters); 2.5, "2" or true
+    for an integer are refused here, where vLLM would refuse them inside the engine and fail every
+    request in flight with it.
+
+    Raises:
+        ValueError: ``column.name: must be an integer / a number, got ...``.
+    """
+    if name in INTEGERS:
+        if isinstance(value, float) and value.is_integer():
+            return int(value)
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ValueError(f"{column}.{name}: must be an integer, got {value!r}")
+    elif name in NUMBERS and (isinstance(value, bool) or not isinstance(value, (int, float))):
+        raise ValueError(f"{column}.{name}: must be a number, got {value!r}")
+    elif name in ("stop", "choice") and isinstance(value, str):
+        return [value]
+    return value

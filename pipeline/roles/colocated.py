@@ -10,7 +10,7 @@ from pipeline.engine.build import build_engine
 from pipeline.engine.lora import lora_request
 from pipeline.engine.model import load_tokenizer
 from pipeline.engine.steps import StepRecorder
-from pipeline.engine.stream import sampling_params, stream
+from pipeline.engine.stream import stream_row
 from pipeline.io.output import RowResult, served_row
 from pipeline.io.prompts import Prompt
 from pipeline.roles.shard_owner import own_shards, shards_for_task
@@ -34,8 +34,8 @@ async def _colocated(run: RunDir, task: int, n_tasks: int, cpus: str | None) -> 
     engine = build_engine(cfg, "colocated", cpus=cpus, recorder=recorder)
     async def serve(p: Prompt) -> RowResult:
         t0 = time.time()
-        s = await stream(engine, request_id(p.row_key), p.token_ids, sampling_params(p.sampling or cfg.job.sampling),
-                         lora_request=lora_request(cfg, p.lora))
+        s = await stream_row(engine, request_id(p.row_key), p.token_ids, p.sampling or cfg.job.sampling,
+                             lora_request=lora_request(cfg, p.lora))
         return served_row(text=s.text, token_ids=s.token_ids, finish_reason=s.finish_reason, error=None,
                           token_times=s.token_times, prefill_start=t0, prefill_end=None,
                           prefill_worker=worker, prefix_cached_tokens=s.num_cached_tokens,

@@ -21,7 +21,7 @@ from pipeline.engine.kv_layout import kv_capacity_tokens
 from pipeline.engine.lora import lora_request
 from pipeline.engine.model import model_kv_bytes_per_token
 from pipeline.engine.steps import StepRecorder
-from pipeline.engine.stream import FirstTokenTimeout, RequestFailed, Streamed, sampling_params, stream, stream_samples
+from pipeline.engine.stream import FirstTokenTimeout, RequestFailed, Streamed, stream_row, stream_samples
 from pipeline.roles.errors import is_worker_failure
 from pipeline.runtime.ids import worker_id
 from pipeline.runtime.net import side_channel, worker_host
@@ -237,9 +237,8 @@ class DecodeServer:
     async def _local(self, h: Handoff) -> Streamed:
         """A row handed off without KV (a prompt under ``pools.local_prefill_tokens``): this
         engine prefills it and decodes it like a colocated engine would."""
-        params = sampling_params(SamplingConfig(**h.sampling))
-        return await stream(self.engine, h.request_id, h.prompt_token_ids, params,
-                            lora_request=lora_request(self.cfg, h.lora))
+        return await stream_row(self.engine, h.request_id, h.prompt_token_ids, SamplingConfig(**h.sampling),
+                                lora_request=lora_request(self.cfg, h.lora))
 
     async def _serve(self, peer: bytes, h: Handoff) -> None:
         arrived = time.time()

@@ -118,7 +118,7 @@ class PrefillHandoff:
                     row_key=p.row_key, request_id=rid, prefill_worker=self.worker, attempt=self.attempt,
                     prompt_token_ids=p.token_ids, sampling=dataclasses.asdict(sampling),
                     kv_transfer_params=pre.kv_transfer_params, prefill_done_at=t_prefilled, lora=p.lora),
-                    wait_s=self.cfg.transport.connect_timeout_s, route=route, rank=rank)
+                    wait_s=self.cfg.transport.connect_timeout_s, route=route, rank=rank, kv_tokens=need)
             except self.policy.RETRIED as exc:
                 # The KV this prefill produced is gone with that decode worker (or never
                 # arrived): prefill again and hand off to a live one.
@@ -147,7 +147,8 @@ class PrefillHandoff:
                     row_key=p.row_key, request_id=rid, prefill_worker=self.worker, attempt=self.attempt,
                     prompt_token_ids=p.token_ids, sampling=dataclasses.asdict(sampling), kv_transfer_params={},
                     prefill_done_at=t0, lora=p.lora),
-                    wait_s=self.cfg.transport.connect_timeout_s, route=p.prefix_key if n == 0 else None)
+                    wait_s=self.cfg.transport.connect_timeout_s, route=p.prefix_key if n == 0 else None,
+                    kv_tokens=kv_tokens_needed(len(p.token_ids), sampling, self.cfg.model.max_model_len))
             except self.policy.RETRIED as exc:
                 if not self.policy.again(n, p.row_key, exc):
                     raise

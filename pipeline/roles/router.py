@@ -198,19 +198,22 @@ class DecodeRouter:
         if rank in self.sockets:
             await self.sockets[rank].send(sign(self.secret, encode(Release(request_id=request_id))))
 
-    async def handoff(self, h: Handoff, wait_s: float, route: str | None = None, rank: int | None = None) -> Result:
+    async def handoff(self, h: Handoff, wait_s: float, route: str | None = None, rank: int | None = None,
+                      kv_tokens: int | None = None) -> Result:
         """Send ``h`` to a live decode worker whose KV cache can hold it (waiting up to ``wait_s``
         seconds for one); return its result. ``route`` (a prompt-prefix key) picks among them by
         hashing; without it the worker with the most free KV is chosen. ``rank``: send to this
         worker (the one holding the request's DRAM-tier reservation) while it is live.
+        ``kv_tokens``: the KV the request needs (default prompt + ``max_new_tokens``;
+        :func:`pipeline.roles.handoff.kv_tokens_needed`).
 
         Raises:
-            KVTooLarge: no live decode worker's KV cache holds prompt + ``max_new_tokens`` tokens.
+            KVTooLarge: no live decode worker's KV cache holds ``kv_tokens`` tokens.
             DecodeLost: that worker died or restarted before answering.
             DecodeUnavailable: no decode worker was alive for ``wait_s`` seconds.
             TimeoutError: no result within ``transport.handoff_timeout_s`` seconds.
         """
-        need = len(h.prompt_token_ids) + h.sampling["max_new_tokens"]
+        need = kv_tokens if kv_tokens is not None else len(h.prompt_token_ids) + h.sampling["max_new_tokens"]
         if rank is None or rank not in self.live:
             rank = await self._pick(wait_s, route, need)
         fut = asyncio.get_running_loop().create_future()
