@@ -156,9 +156,9 @@ async def stream_samples(engine: "AsyncLLM", request_id: str, prompt_token_ids: 
                          first_token_timeout_s: float | None = None,
                          lora_request: "LoRARequest | None" = None) -> Streamed:
     """``sampling.n`` samples of a prompt whose KV arrives through a KV connector
-    (``kv_transfer_params``), moved once: sample 0 is the request that loads the KV; once its
-    first token is out (the prompt's KV is in this engine's prefix cache) samples 1..n-1 run as
-    requests of their own that hit that cache, each with seed ``sampling.seed + i`` as vLLM's
+    (``kv_transfer_params``; None: the engine computes it), moved once: sample 0 is the request
+    that loads (or computes) the KV; once its first token is out (the prompt's KV is in this
+    engine's prefix cache) samples 1..n-1 run as requests of their own that hit that cache, each with seed ``sampling.seed + i`` as vLLM's
     own ``n`` gives its samples (vLLM's ``n`` would load the KV once per sample). Returns sample
     0 with the others in ``others``.
 

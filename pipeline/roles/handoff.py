@@ -93,7 +93,7 @@ class PrefillHandoff:
         # A request no decode worker can hold is an error row before it costs a prefill.
         self.router.check_fits(need, len(p.token_ids) if self.dram and not local else None)
         if local:
-            return await self._serve_local(p, sampling)
+            return await self._serve_local(p, sampling, need)
         capacity_wait = 0.0
         for n in range(self.policy.tries):
             rid = request_id(p.row_key, n)
@@ -135,7 +135,7 @@ class PrefillHandoff:
         ``pools.local_prefill_tokens`` tokens (moving its KV would cost more than computing it)."""
         return len(p.token_ids) < self.cfg.pools.local_prefill_tokens
 
-    async def _serve_local(self, p: Prompt, sampling) -> RowResult:
+    async def _serve_local(self, p: Prompt, sampling, need: int) -> RowResult:
         """Hand ``p`` to a decode worker without KV: that worker prefills it itself (the row has
         no prefill on this worker, no KV hand-off, ``kv_tokens`` 0); served again on a lost
         decode worker like any row."""
@@ -148,7 +148,7 @@ class PrefillHandoff:
                     prompt_token_ids=p.token_ids, sampling=dataclasses.asdict(sampling), kv_transfer_params={},
                     prefill_done_at=t0, lora=p.lora),
                     wait_s=self.cfg.transport.connect_timeout_s, route=p.prefix_key if n == 0 else None,
-                    kv_tokens=kv_tokens_needed(len(p.token_ids), sampling, self.cfg.model.max_model_len))
+                    kv_tokens=need)
             except self.policy.RETRIED as exc:
                 if not self.policy.again(n, p.row_key, exc):
                     raise
