@@ -24,6 +24,7 @@ import asyncio
 import base64
 import hashlib
 import os
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -191,6 +192,8 @@ class DramPool:
         self._reg = self.agent.register_memory([(self.base, size, 0, "")], "DRAM")
         self.metadata = base64.b64encode(self.agent.get_agent_metadata()).decode()
         self.free_slots: list[int] = list(range(self.num_slots))
+        # (time.time(), slots in use) after every change: the tier's use over the run.
+        self.use: list[tuple[float, int]] = [(time.time(), 0)]
         self._freed = asyncio.Condition()
         self._arrived: dict[str, asyncio.Event] = {}
         self._early: set[str] = set()  # notifications that came before anyone waited
@@ -215,12 +218,24 @@ class DramPool:
             await asyncio.wait_for(self._freed.wait_for(lambda: len(self.free_slots) >= blocks), timeout_s)
             self.free_slots.sort()
             slots, self.free_slots = self.free_slots[:blocks], self.free_slots[blocks:]
+            self._record_use()
             return slots
 
     async def release(self, slots: list[int]) -> None:
         async with self._freed:
             self.free_slots.extend(slots)
+            self._record_use()
             self._freed.notify_all()
+
+    def _record_use(self) -> None:
+        self.use.append((time.time(), self.num_slots - len(self.free_slots)))
+
+    def use_record(self) -> dict:
+        """The tier's use over the run, for ``RUN_DIR/metrics/dram/`` (:func:`pipeline.io.metrics.write_dram_use`):
+        ``num_slots`` and ``slot_bytes`` (one KV block of all layers, bytes), ``peak_slots``, and
+        ``use``: ``[time.time(), slots in use]`` after every reservation and release."""
+        return {"num_slots": self.num_slots, "slot_bytes": self.slot_bytes,
+                "peak_slots": max(u for _, u in self.use), "use": [list(u) for u in self.use]}
 
     async def arrived(self, request_id: str, timeout_s: float) -> None:
         """Wait for the prefill worker's notification that ``request_id``'s KV is in the pool.

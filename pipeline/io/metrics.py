@@ -65,10 +65,17 @@ preempted           int32      requests preempted in the step
 ==================  =========  ============================================================
 
 vLLM's prefix-cache hit rate of a worker = sum(prefix_cache_hits) / sum(prefix_cache_queries).
+
+``RUN_DIR/metrics/dram/<worker id>.<pid>.json`` (``offload=dram``, one per decode worker process,
+written when it stops): its DRAM tier's ``num_slots``, ``slot_bytes`` (one KV block of every
+layer), ``block_tokens``, ``peak_slots`` and ``use``, ``[epoch seconds, slots in use]`` after
+every reservation and release (:func:`read_dram_use`). A slot is reserved before the row's
+prefill and released when its decode ends.
 """
 
 from __future__ import annotations
 
+import os
 import uuid
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -76,7 +83,7 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from pipeline.io.atomic import write_parquet
+from pipeline.io.atomic import read_json, write_json, write_parquet
 from pipeline.io.shards import shard_path
 
 if TYPE_CHECKING:
@@ -177,6 +184,21 @@ def read_worker_metrics(run_path: Path) -> pa.Table:
     if not parts:
         return WORKER_SCHEMA.empty_table()
     return pa.concat_tables([pq.read_table(p, schema=WORKER_SCHEMA) for p in parts])
+
+
+def write_dram_use(run_path: Path, worker: str, record: dict[str, Any]) -> None:
+    """Write one decode worker's DRAM-tier use (:meth:`pipeline.engine.dram_pool.DramPool.use_record`
+    plus ``block_tokens``) under ``RUN_DIR/metrics/dram/``."""
+    write_json(Path(run_path) / "metrics" / "dram" / f"{worker}.{os.getpid()}.json", record)
+
+
+def read_dram_use(run_path: Path) -> list[dict[str, Any]]:
+    """Every decode worker's DRAM-tier use record of a run (see the module docstring), each with
+    its ``worker``; empty without the tier."""
+    out = []
+    for p in sorted((Path(run_path) / "metrics" / "dram").glob("*.json")):
+        out.append({"worker": p.name.rsplit(".", 2)[0], **read_json(p)})
+    return out
 
 
 def busy_seconds(intervals: list[tuple[float, float]]) -> float:

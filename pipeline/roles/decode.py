@@ -22,12 +22,13 @@ from pipeline.engine.lora import lora_request
 from pipeline.engine.model import model_kv_bytes_per_token
 from pipeline.engine.steps import StepRecorder
 from pipeline.engine.stream import FirstTokenTimeout, RequestFailed, Streamed, stream_row, stream_samples
+from pipeline.io.metrics import write_dram_use
 from pipeline.roles.errors import is_worker_failure
 from pipeline.runtime.ids import worker_id
 from pipeline.runtime.net import side_channel, worker_host
 from pipeline.runtime.rundir import RunDir
 from pipeline.wire.auth import Unauthenticated, sign, verify
-from pipeline.wire.messages import Handoff, Release, Reserve, Reserved, Result, Sample, decode, encode
+from pipeline.wire.messages import Handoff, Release, Renew, Reserve, Reserved, Result, Sample, decode, encode
 
 if TYPE_CHECKING:
     from pipeline.engine.dram_pool import DramPool
@@ -66,7 +67,7 @@ class DecodeServer:
     Binds a ZeroMQ ROUTER on ``host`` and publishes its endpoint (and KV/DRAM-tier capacity) in
     the run directory, refreshed every 2 s as the heartbeat. Each :class:`Handoff` becomes a task
     streaming the request from ``engine``; with ``offload=dram`` it also owns the DRAM tier and
-    answers :class:`Reserve` / :class:`Release`.
+    answers :class:`Reserve` / :class:`Release` / :class:`Renew`.
     """
 
     def __init__(self, run: RunDir, cfg: Config, rank: int, worker: str, engine, host: str):
@@ -84,7 +85,7 @@ class DecodeServer:
         if cfg.offload.dram(cfg.model.max_model_len):
             from pipeline.engine.dram_pool import DramPool, pool_path
 
-            block_size = engine.vllm_config.cache_config.block_size
+            self.block_size = block_size = engine.vllm_config.cache_config.block_size
             self.pool = DramPool(pool_path(run.path, rank), int(cfg.offload.dram_gib * 2**30),
                                  block_size * model_kv_bytes_per_token(cfg),
                                  f"pd-decode{rank}-{os.getpid()}-{int(time.time())}",
@@ -99,9 +100,10 @@ class DecodeServer:
         self.live: set[asyncio.Task] = set()
         # prefill worker -> (its newest attempt, that attempt's tasks)
         self.attempts: dict[str, tuple[float, set[asyncio.Task]]] = {}
-        # DRAM tier: request id -> (its slots, when reserved); a reservation no hand-off claims
-        # within transport.handoff_timeout_s (its prefill worker died between reserving and
-        # handing off) is released.
+        # DRAM tier: request id -> (its slots, when reserved or last renewed); a reservation that
+        # no hand-off claims and its prefill worker has not renewed (:class:`Renew`) for
+        # transport.handoff_timeout_s (that worker died between reserving and handing off) is
+        # released.
         self.reserved: dict[str, tuple[list[int], float]] = {}
 
     def _publish(self) -> None:
@@ -131,7 +133,8 @@ class DecodeServer:
                 return
             for request_id, (_, at) in list(self.reserved.items()):
                 if time.monotonic() - at > self.cfg.transport.handoff_timeout_s:
-                    log.warning("releasing the DRAM-tier slots of %s: no hand-off came for them", request_id)
+                    log.warning("releasing the DRAM-tier slots of %s: no hand-off came for them, and its prefill "
+                                "worker stopped renewing them", request_id)
                     await self._release(request_id)
             if self.engine.errored:
                 raise RuntimeError(f"{self.worker}: its vLLM engine died; see the log above")
@@ -153,6 +156,11 @@ class DecodeServer:
             self._spawn(self._reserve(peer, msg))
         elif isinstance(msg, Release) and self.pool is not None:
             await self._release(msg.request_id)
+        elif isinstance(msg, Renew):
+            now = time.monotonic()
+            for rid in msg.request_ids:
+                if rid in self.reserved:
+                    self.reserved[rid] = (self.reserved[rid][0], now)
         elif isinstance(msg, Handoff):
             newest, tasks = self.attempts.get(msg.prefill_worker, (msg.attempt, set()))
             if msg.attempt > newest:
@@ -278,6 +286,7 @@ class DecodeServer:
         self.beating.cancel()
         if self.polling is not None:
             self.polling.cancel()
+            write_dram_use(self.run.path, self.worker, {**self.pool.use_record(), "block_tokens": self.block_size})
             self.pool.close()
         self.sock.close()
         self.ctx.term()

@@ -14,7 +14,7 @@ import zmq.asyncio
 from pipeline.roles.errors import DecodeLost, DecodeUnavailable, KVTooLarge
 from pipeline.runtime.rundir import RunDir
 from pipeline.wire.auth import Unauthenticated, sign, verify
-from pipeline.wire.messages import Handoff, Release, Reserve, Reserved, Result, decode, encode
+from pipeline.wire.messages import Handoff, Release, Renew, Reserve, Reserved, Result, decode, encode
 
 
 async def wait_for_decode(run: RunDir, count: int, timeout_s: float) -> dict[int, dict[str, str]]:
@@ -62,12 +62,16 @@ class DecodeRouter:
         self.inflight_tokens: dict[int, int] = {}  # rank -> KV tokens its hand-offs in flight reach
         self.capacity: dict[int, int | None] = {}  # rank -> tokens its KV cache holds
         self.dram_capacity: dict[int, int | None] = {}  # rank -> tokens its DRAM tier holds
+        # rank -> request ids whose DRAM-tier reservation there no hand-off has claimed yet:
+        # renewed every quarter of timeout_s (:class:`Renew`) so that the worker keeps them.
+        self.reserved: dict[int, set[str]] = {}
         self.live: set[int] = set()
         # rank -> (its heartbeat value last read, time.monotonic() when that value was first seen)
         self.beats: dict[int, tuple[object, float]] = {}
         self.changed = asyncio.Event()
         self._refresh()
         self.monitor = asyncio.create_task(self._watch())
+        self.renewing = asyncio.create_task(self._renew())
 
     def _refresh(self) -> None:
         now = time.monotonic()
@@ -107,6 +111,13 @@ class DecodeRouter:
         while True:
             await asyncio.sleep(1.0)
             self._refresh()
+
+    async def _renew(self) -> None:
+        while True:
+            await asyncio.sleep(max(0.5, self.timeout_s / 4))
+            for rank, ids in list(self.reserved.items()):
+                if ids and rank in self.sockets:
+                    await self.sockets[rank].send(sign(self.secret, encode(Renew(request_ids=sorted(ids)))))
 
     async def _receive(self, rank: int, sock: zmq.asyncio.Socket) -> None:
         while True:
@@ -191,10 +202,13 @@ class DecodeRouter:
             self.inflight.get(rank, {}).pop(key, None)
         if ans.error is not None or ans.pool is None:
             raise RuntimeError(f"decode rank {rank} could not reserve DRAM-tier slots: {ans.error}")
+        self.reserved.setdefault(rank, set()).add(r.request_id)
         return rank, ans.pool
 
     async def release(self, rank: int, request_id: str) -> None:
-        """Give back a reservation no hand-off will claim (best effort: the worker also expires it)."""
+        """Give back a reservation no hand-off will claim (best effort: the worker also expires it
+        once it is no longer renewed)."""
+        self.reserved.get(rank, set()).discard(request_id)
         if rank in self.sockets:
             await self.sockets[rank].send(sign(self.secret, encode(Release(request_id=request_id))))
 
@@ -214,6 +228,8 @@ class DecodeRouter:
             TimeoutError: no result within ``transport.handoff_timeout_s`` seconds.
         """
         need = kv_tokens if kv_tokens is not None else len(h.prompt_token_ids) + h.sampling["max_new_tokens"]
+        if rank is not None:  # the hand-off claims the reservation: no more renewing
+            self.reserved.get(rank, set()).discard(h.request_id)
         if rank is None or rank not in self.live:
             rank = await self._pick(wait_s, route, need)
         fut = asyncio.get_running_loop().create_future()
@@ -230,6 +246,7 @@ class DecodeRouter:
 
     def close(self) -> None:
         self.monitor.cancel()
+        self.renewing.cancel()
         for t in self.receivers.values():
             t.cancel()
         for s in self.sockets.values():

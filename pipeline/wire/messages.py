@@ -109,7 +109,16 @@ class Release(msgspec.Struct, tag="release"):
     request_id: str
 
 
-Message = Handoff | Result | Reserve | Reserved | Release
+class Renew(msgspec.Struct, tag="renew"):
+    """The prefill worker still holds the reservations of ``request_ids`` (their rows are queued
+    for prefill or being prefilled): the decode worker restarts their expiry. Sent every quarter
+    of ``transport.handoff_timeout_s``, so a reservation expires only when its prefill worker has
+    stopped renewing it (died), never because a long prefill queue outlasted the timeout."""
+
+    request_ids: list[str]
+
+
+Message = Handoff | Result | Reserve | Reserved | Release | Renew
 _encoder = msgspec.msgpack.Encoder()
 _decoder = msgspec.msgpack.Decoder(Message)
 
