@@ -102,12 +102,23 @@ def run_dir_of(run_or_output: str | os.PathLike) -> Path | None:
 def batch_rows_of_run(run_or_output: str | os.PathLike) -> int | None:
     """The run's ``job.batch_rows`` (rows in flight per prefill or colocated worker), from its
     ``config.yaml``; None without one."""
+    cfg = _config_of_run(run_or_output)
+    return int(cfg.job.batch_rows) if cfg is not None else None
+
+
+def max_model_len_of_run(run_or_output: str | os.PathLike) -> int | None:
+    """The run's ``model.max_model_len`` (tokens), from its ``config.yaml``; None without one."""
+    cfg = _config_of_run(run_or_output)
+    return int(cfg.model.max_model_len) if cfg is not None else None
+
+
+def _config_of_run(run_or_output: str | os.PathLike):
     _, cfg_path = _output_dir(run_or_output)
     if cfg_path is None:
         return None
     from pipeline.config import from_yaml
 
-    return int(from_yaml(cfg_path).job.batch_rows)
+    return from_yaml(cfg_path)
 
 
 def timed_rows(run_or_output: str | os.PathLike) -> list[dict]:
@@ -160,6 +171,23 @@ def _metric_rows(run_dir: Path | None) -> list[dict]:
     return out
 
 
+def dram_write_rate(run_dir: Path | None) -> float | None:
+    """Bytes/s of a run's KV writes into the decode DRAM tier: their bytes / their seconds from
+    post to completion, summed over the prefill workers' steps (``kv_transfer_bytes`` /
+    ``kv_transfer_s`` beside ``kv_held_s``, :mod:`pipeline.io.metrics`); None for a run without
+    the tier or its metrics."""
+    if run_dir is None or not (run_dir / "metrics" / "workers").is_dir():
+        return None
+    from pipeline.io.metrics import read_worker_metrics
+
+    nbytes = seconds = 0.0
+    for s in read_worker_metrics(run_dir).to_pylist():
+        if s["role"] == "prefill" and s["kv_held_s"]:
+            nbytes += sum(s["kv_transfer_bytes"] or ())
+            seconds += sum(s["kv_transfer_s"] or ())
+    return nbytes / seconds if seconds > 0 else None
+
+
 def _groups(rows: list[dict], key: str) -> list[list[dict]]:
     by: dict = {}
     for r in rows:
@@ -188,7 +216,10 @@ def calibrate(run_or_output: str | os.PathLike, model: ModelShape | None = None,
       every row of the decode group decoding alongside, weighted by the time it overlaps;
     - link bytes/s = sum of ``k x prompt_tokens`` / sum over prefill groups of the union of
       hand-off intervals (disaggregated runs only; otherwise ``base``'s): what the hand-offs move
-      per second of hand-off, the rate that loads the link;
+      per second of hand-off, the rate that loads the link. A run with the decode DRAM tier
+      (``offload=dram``) measured its writes themselves: there it is their bytes / their
+      seconds (NIXL's own timings, :func:`dram_write_rate`), as a hand-off then also holds the
+      wait for a decode slot;
     - hand-off latency ``handoff_s`` = mean over rows of (hand-off seconds - ``k x p / link``):
       what a hand-off takes beyond moving its bytes (messages, decode scheduling, waiting for the
       prefill engine's step boundary), which TTFT pays and the link's load does not.
@@ -224,7 +255,7 @@ def calibrate(run_or_output: str | os.PathLike, model: ModelShape | None = None,
     handoff_busy = sum(busy_seconds([(r["pe"], r["pe"] + r["hand"]) for r in g]) for g in _groups(hand, "pg"))
     if prefill_busy <= 0 or dec_time <= 0:
         raise ValueError(f"{run_or_output}: no rows with prefill and decode timings to calibrate from")
-    link = kv_moved / handoff_busy if handoff_busy > 0 else base.link_bw
+    link = dram_write_rate(run_dir_of(run_or_output)) or (kv_moved / handoff_busy if handoff_busy > 0 else base.link_bw)
     latency = max(0.0, sum(r["hand"] - k * r["p"] / link for r in hand) / len(hand)) if hand else base.handoff_s
     return replace(base, name=f"{base.name} calibrated on {run_or_output}", peak_flops=flops / prefill_busy,
                    mfu=1.0, mem_bw=dec_bytes / dec_time, mbu=1.0, link_bw=link, handoff_s=latency)

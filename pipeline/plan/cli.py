@@ -8,7 +8,8 @@ import sys
 from dataclasses import replace
 
 import pipeline.plan
-from pipeline.plan.calibrate import batch_rows_of_run, calibrate, model_of_run, workload_from_run
+from pipeline.plan.calibrate import (batch_rows_of_run, calibrate, max_model_len_of_run, model_of_run,
+                                     workload_from_run)
 from pipeline.plan.format import format_plan
 from pipeline.plan.hardware import HARDWARE, hardware
 from pipeline.plan.model import KV_CACHE_DTYPES, load_model
@@ -38,7 +39,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--output-tokens", help="output length in tokens, or a comma-separated list")
     ap.add_argument("--rate", type=float, help="arrival rate, requests/s (omit for a batch job)")
     ap.add_argument("--count", type=int, help="number of requests (a batch job without --rate)")
-    ap.add_argument("--input", help="Parquet dataset whose prompts are tokenized as the pipeline renders them")
+    ap.add_argument("--input", help="Parquet dataset whose prompts are tokenized as the pipeline renders them "
+                    "(rows longer than the context, the calibrated run's model.max_model_len, are left out)")
     ap.add_argument("--job", default="summarize", help="job whose prompt template --input uses")
     ap.add_argument("--tokenizer", help="model directory whose tokenizer counts --input tokens (default: the model's)")
     ap.add_argument("--calibrate", metavar="RUN_DIR", help="fit the cpu profile to a finished run (run or output dir)")
@@ -92,7 +94,8 @@ def main(argv: list[str] | None = None) -> int:
         prompts, outputs = _lengths(args.prompt_tokens), _lengths(args.output_tokens)
         if args.input:
             wl = workload_from_input(args.input, model, job=args.job, tokenizer=args.tokenizer,
-                                     output_tokens=outputs, rate=args.rate)
+                                     output_tokens=outputs, rate=args.rate,
+                                     max_model_len=max_model_len_of_run(args.calibrate) if args.calibrate else None)
             if args.count is not None:
                 wl = replace(wl, count=args.count)
         elif prompts is not None or outputs is not None:

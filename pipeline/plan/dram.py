@@ -40,20 +40,25 @@ class DramTier:
     :func:`dram_tier` for the formulas). Bytes in bytes, times in seconds, rates in requests/s;
     counts of requests are per decode worker unless named ``node``.
 
-    ``request_bytes`` is the KV of a whole request (prompt + generated tokens), ``load_bytes``
-    of its prompt (what is pushed and loaded). ``slots``: sequences one worker's KV cache holds at
-    full length; ``admitted``: at prompt length (what vLLM admits); ``swapped = admitted - slots``
-    the most it may swap out. ``rate`` is per decode worker (a batch: while prefill runs);
+    ``request_bytes`` is the KV of a whole request (prompt + generated tokens: what a KV-cache
+    slot holds), ``load_bytes`` of its prompt: what it holds in DRAM, pushed there and loaded
+    from there. ``slots``: sequences one worker's KV cache holds at full length; ``admitted``:
+    at prompt length (what vLLM admits); ``swapped = admitted - slots`` the most it may preempt
+    (they come back from DRAM). ``rate`` is per decode worker (a batch: while prefill runs);
     ``residence_s`` a request's time in a slot, ``offered`` ``rate x residence_s`` (erlangs),
     ``wait_probability`` the Erlang C probability of waiting (``None`` for a batch),
-    ``admit_wait_s`` the mean wait for a slot. ``waiting`` (mean; a batch: peak), ``transit``
-    (being pushed or loaded) and ``swapped`` add up to ``staged``; ``sized_requests`` =
-    ``ceil(headroom x staged)``. ``full_probability``: chance a push finds that many there;
-    ``sized_1pct``: the fewest requests that bring it to 1% or less (``None`` for a batch).
-    ``load_steps`` = ``load_s / itl_s``; ``blocking_itl_s`` = ``itl_s + load_s``, the gap the
-    running sequences see if a load is not overlapped with decoding; ``ttft_s`` = the split's TTFT
-    (``split_ttft_s``) + ``admit_wait_s`` + ``load_s``; ``h2d_util`` = ``rate x load_s``, the share of time a
-    device's host link spends on loads.
+    ``admit_wait_s`` the mean wait for a slot. ``hold_s``: how long a request holds its DRAM
+    slots, from their reservation before its prefill to the end of its decode. ``upstream``
+    (reserved, queued for or in prefill or being pushed), ``waiting`` (for a slot) and
+    ``decoding`` (in a slot) add up to ``staged``, the requests holding DRAM (a rate: means; a
+    batch: the rows in flight, ``in_flight``); ``sized_requests`` = ``ceil(headroom x staged)``.
+    ``full_probability``: chance a reservation finds that many there; ``sized_1pct``: the fewest
+    requests that bring it to 1% or less (``None`` for a batch). ``prefill_hold_s``: how long
+    the prefill worker keeps a request's KV after its prefill (until its write into the tier
+    completes). ``load_steps`` = ``load_s / itl_s``; ``blocking_itl_s`` = ``itl_s + load_s``,
+    the gap the running sequences see if a load is not overlapped with decoding; ``ttft_s`` =
+    the split's TTFT (``split_ttft_s``) + ``admit_wait_s`` + ``load_s``; ``h2d_util`` = ``rate
+    x load_s``, the share of time a device's host link spends on loads.
     """
 
     prefill_workers: int
@@ -76,9 +81,12 @@ class DramTier:
     offered: float
     wait_probability: float | None
     admit_wait_s: float
+    hold_s: float
+    upstream: float
     waiting: float
-    transit: float
+    decoding: float
     staged: float
+    in_flight: float | None
     sized_requests: int | None
     worker_bytes: float
     node_bytes: float
@@ -86,6 +94,7 @@ class DramTier:
     fits: bool
     full_probability: float | None
     sized_1pct: int | None
+    prefill_hold_s: float
     load_steps: float
     blocking_itl_s: float
     split_ttft_s: float
@@ -102,30 +111,42 @@ def dram_tier(model: ModelShape, hw: Hardware, wl: Workload, pred: Prediction, *
     KV heads x head dim x bytes``, :mod:`pipeline.engine.kv_layout`), ``p`` / ``o`` the mean
     prompt / output tokens, ``C_kv`` = :func:`~pipeline.plan.costs.kv_capacity`.
 
-    - A request's KV: ``k (p + o)`` bytes in DRAM (room for the whole sequence, so it can also be
-      swapped out at full length); ``k p`` bytes pushed over the link in ``T`` =
-      :func:`~pipeline.plan.costs.kv_transfer_time` and loaded into HBM in ``load = k p / (tp x
-      h2d_bw)`` (:func:`~pipeline.plan.costs.host_load_time`). The DRAM copy is freed once loaded.
+    What the pipeline does (:mod:`pipeline.roles.handoff`, :mod:`pipeline.roles.decode`): a
+    row's owner reserves slots for its prompt's KV (``k p`` bytes) in a decode worker's tier
+    *before* the row's prefill; the prefill worker writes the KV there when the prefill ends
+    (``T`` = :func:`~pipeline.plan.costs.kv_transfer_time`) and then frees its own blocks; the
+    decode worker loads it into its KV cache when vLLM admits the request (``load = k p / (tp x
+    h2d_bw)``, :func:`~pipeline.plan.costs.host_load_time`), and again after a preemption; the
+    slots are released when the request's decode ends. So a request holds ``k p`` bytes of DRAM
+    for ``hold = queue wait + prefill + T + Wq + W``.
+
     - Slots ``c = min(max_batch, floor(C_kv / (k (p + o))))``: sequences that run to the end
-      without pre-emption. vLLM admits by prompt length, up to ``min(max_batch, floor(C_kv /
-      (k p)))``; the difference is the most it swaps out (``swapped``; kept in DRAM throughout).
+      without preemption. vLLM admits by prompt length, up to ``min(max_batch, floor(C_kv /
+      (k p)))``; the difference is the most it preempts (``swapped``; their DRAM copy is what
+      brings them back).
     - With a rate: each decode worker gets ``lambda = rate / y``; a request holds a slot for
       ``W = load + o x ITL`` (ITL of ``pred``), so ``a = lambda W`` slots are busy (Little's law
       ``L = lambda W``). Waiting for a slot is an M/M/c queue: ``Wq = C(c, a) W / (c - a)``
       (:func:`erlang_c`); exponential service overstates the wait of equal-length requests
-      (about 2x for M/D/c, Allen-Cunneen), which errs towards more DRAM. Requests in DRAM by
-      Little's law: ``lambda (T + Wq + load)`` (pushing, waiting, loading) ``+ swapped``.
-    - A batch (no rate): prefill delivers ``lambda = x / max(S, T) / y`` requests/s to each
-      decode worker for ``P = count / (x / max(S, T))`` seconds, and a worker with all slots
-      busy (ITL at ``c`` sequences) completes ``mu = c / W``. Fluid backlog at the end of
-      prefill (the peak): ``max(0, lambda P - c - mu max(0, P - W))``; mean wait ``peak /
-      (2 mu)``. Prefill waits (back-pressure) when DRAM holds less, which costs nothing when
-      decode is the bottleneck (``lambda > mu``).
-    - Sized: ``ceil(headroom x staged)`` requests (at least 1) per worker x ``k (p + o)``; per
-      node ``min(y, node_devices // tp)`` workers; checked against :func:`node_dram`. Mean
-      values: the headroom covers fluctuation, and ``full_probability`` says how often a push
-      still finds the pool full (:func:`dram_full_probability`); ``sized_1pct`` is the fewest
+      (about 2x for M/D/c, Allen-Cunneen), which errs towards more DRAM. Requests holding DRAM
+      by Little's law: ``lambda x hold`` = ``lambda (queue + prefill + T)`` upstream ``+ lambda
+      Wq`` waiting ``+ a`` decoding.
+    - A batch (no rate): every row in flight holds its reservation, so a decode worker's tier
+      holds ``in_flight = min(count, x x rows in flight per prefill worker) / y`` requests at
+      the peak (``pred.rows_in_flight``, the pipeline's ``job.batch_rows``; unbounded: every
+      row). Prefill delivers ``lambda = x / max(S, T) / y`` requests/s to each decode worker for
+      ``P = count / (x / max(S, T))`` seconds, and a worker with all slots busy (ITL at ``c``
+      sequences) completes ``mu = c / W``; those waiting for a slot peak at ``min(in_flight - c,
+      max(0, lambda P - c - mu max(0, P - W)))`` (fluid), mean wait ``peak / (2 mu)``. With less
+      DRAM than that the prefill waits for slots (back-pressure), which costs nothing while decode
+      is the bottleneck (``lambda > mu``).
+    - Sized: ``ceil(headroom x staged)`` requests (at least 1) per worker x ``k p``; per node
+      ``min(y, node_devices // tp)`` workers; checked against :func:`node_dram`. Mean values: the
+      headroom covers fluctuation, and ``full_probability`` says how often a reservation still
+      finds the pool full (:func:`dram_full_probability`); ``sized_1pct`` is the fewest
       requests for which that is at most 1%.
+    - The prefill worker holds a request's KV for ``prefill_hold_s = T`` after its prefill (the
+      write; vLLM frees the blocks at the end of the engine step in which it completed).
     - The load adds ``load`` to TTFT (plus ``Wq``). Not overlapped with decoding it stalls the
       running sequences: one gap of ``ITL + load``, to compare with ``itl_target_s``.
 
@@ -151,6 +172,7 @@ def dram_tier(model: ModelShape, hw: Hardware, wl: Workload, pred: Prediction, *
     load = host_load_time(load_bytes, hw, tp)
     transfer = pred.kv_transfer_s
     notes: list[str] = []
+    in_flight = None
     if wl.rate is not None:
         lam = wl.rate / y
         itl = pred.itl_s
@@ -172,7 +194,10 @@ def dram_tier(model: ModelShape, hw: Hardware, wl: Workload, pred: Prediction, *
             need = fewest_workers(busy, 1 - 1e-9, y + 1)
             notes.append(f"decode admission overloaded: {offered:.3g} of {slots} slots busy per worker, so the "
                          f"DRAM backlog grows without bound; it needs at least {need} decode workers")
+        upstream = lam * (pred.queue_wait_s + pred.prefill_s + transfer)
         waiting = lam * wait
+        decoding = min(offered, slots)
+        staged = upstream + waiting + decoding
     else:
         feed = x / max(pred.prefill_s, transfer)
         lam = feed / y
@@ -181,28 +206,32 @@ def dram_tier(model: ModelShape, hw: Hardware, wl: Workload, pred: Prediction, *
         offered = lam * residence
         mu = slots / residence
         prefill_phase = wl.count / feed
-        waiting = max(0.0, lam * prefill_phase - slots - mu * max(0.0, prefill_phase - residence))
+        in_flight = min(wl.count, x * (pred.rows_in_flight or wl.count)) / y
+        waiting = min(max(0.0, in_flight - slots),
+                      max(0.0, lam * prefill_phase - slots - mu * max(0.0, prefill_phase - residence)))
         wait_p, wait = None, waiting / (2 * mu)
+        decoding = min(in_flight, slots)
+        upstream = max(0.0, in_flight - decoding - waiting)
+        staged = in_flight
         if lam > mu:
             notes.append(f"batch: prefill delivers {lam:.3g} requests/s per decode worker, decode completes "
                          f"{mu:.3g}; the backlog peaks at the end of prefill. With less DRAM prefill waits "
                          f"for room, and the makespan does not change (decode is the bottleneck)")
-    transit = lam * (transfer + load)
-    staged = waiting + transit + swapped
+    hold = pred.queue_wait_s + pred.prefill_s + transfer + wait + residence
     per_node = max(1, hw.node_devices // tp)
     on_node = min(y, per_node)
     dram = node_dram(hw)
     if math.isfinite(staged):
         sized: int | None = max(1, math.ceil(headroom * staged - 1e-9))
-        worker_bytes = sized * request_bytes
+        worker_bytes = sized * load_bytes
     else:
         sized, worker_bytes = None, math.inf
     node_bytes = on_node * worker_bytes
     full = sized_1pct = None
     if wl.rate is not None and sized is not None:
-        full = dram_full_probability(slots, offered, transit, sized - swapped)
-        sized_1pct = next(m for m in range(swapped + 1, swapped + 100_000)
-                          if dram_full_probability(slots, offered, transit, m - swapped) <= 0.01)
+        full = dram_full_probability(slots, offered, upstream, sized)
+        sized_1pct = next(m for m in range(1, sized + 100_000)
+                          if dram_full_probability(slots, offered, upstream, m) <= 0.01)
     fits = node_bytes <= dram
     if not fits and math.isfinite(node_bytes):
         notes.append(f"the DRAM pools of {on_node} decode worker{'s' if on_node > 1 else ''} ({node_bytes / GIB:.4g} "
@@ -212,8 +241,9 @@ def dram_tier(model: ModelShape, hw: Hardware, wl: Workload, pred: Prediction, *
         prefill_workers=x, decode_workers=y, tp=tp, workers_per_node=per_node, decode_nodes=math.ceil(y / per_node),
         headroom=headroom, request_bytes=request_bytes, load_bytes=load_bytes, kv_capacity_bytes=cap,
         slots=slots, admitted=admitted, swapped=swapped, rate=lam, itl_s=itl, transfer_s=transfer, load_s=load,
-        residence_s=residence, offered=offered, wait_probability=wait_p, admit_wait_s=wait, waiting=waiting,
-        transit=transit, staged=staged, sized_requests=sized, worker_bytes=worker_bytes, node_bytes=node_bytes,
-        node_dram_bytes=dram, fits=fits, full_probability=full, sized_1pct=sized_1pct, load_steps=load / itl,
+        residence_s=residence, offered=offered, wait_probability=wait_p, admit_wait_s=wait, hold_s=hold,
+        upstream=upstream, waiting=waiting, decoding=decoding, staged=staged, in_flight=in_flight,
+        sized_requests=sized, worker_bytes=worker_bytes, node_bytes=node_bytes, node_dram_bytes=dram, fits=fits,
+        full_probability=full, sized_1pct=sized_1pct, prefill_hold_s=transfer, load_steps=load / itl,
         blocking_itl_s=itl + load, split_ttft_s=pred.ttft_s, ttft_s=pred.ttft_s + wait + load, h2d_util=lam * load,
         itl_target_s=itl_target_s, notes=notes)

@@ -95,7 +95,7 @@ def format_dram(d: DramTier, m: ModelShape, hw: Hardware, wl: Workload) -> str:
         f"{wl.mean_output:.0f}) x {m.kv_bytes_per_token / 1024:.4g} KiB = {_gib(d.request_bytes)}; "
         f"prompt KV {_gib(d.load_bytes)}",
         f"  slots          {d.slots} sequences at full length in {_gib(d.kv_capacity_bytes)} of KV cache "
-        f"(max batch {hw.max_batch}); {d.admitted} at prompt length, so up to {d.swapped} swapped out",
+        f"(max batch {hw.max_batch}); {d.admitted} at prompt length, so up to {d.swapped} preempted (reloaded from DRAM)",
         (f"  admission      {d.rate:.4g} req/s per worker while prefill runs x {secs(d.residence_s)} in a slot"
          if batch else f"  admission      {d.rate:.4g} req/s per worker x {secs(d.residence_s)} in a slot")
         + f" (load {secs(d.load_s)} + {wl.mean_output:.0f} x ITL {secs(d.itl_s)}): "
@@ -103,32 +103,39 @@ def format_dram(d: DramTier, m: ModelShape, hw: Hardware, wl: Workload) -> str:
            if batch else
            f"{d.offered:.3g} of {d.slots} slots busy; Erlang C wait {secs(d.admit_wait_s)} "
            f"(P(wait) {d.wait_probability:.3g})"),
-        f"  in DRAM        {'peak' if batch else 'mean'} {d.waiting:.3g} waiting + {d.transit:.3g} pushing/loading"
-        f" + {d.swapped} swapped out = {d.staged:.3g} requests per worker"
-        + ("" if batch else " (Little's law)"),
+        f"  held           a request's prompt KV, reserved before its prefill until its decode ends: "
+        f"{secs(d.hold_s)} (prefill {secs(d.hold_s - d.transfer_s - d.admit_wait_s - d.residence_s)} with its "
+        f"queue + push {secs(d.transfer_s)} + wait {secs(d.admit_wait_s)} + slot {secs(d.residence_s)})",
+        (f"  in DRAM        peak {d.staged:.3g} requests = {_gib(d.staged * d.load_bytes)} per worker: the rows in "
+         f"flight ({d.decoding:.3g} decoding + {d.waiting:.3g} waiting for a slot + {d.upstream:.3g} in prefill or "
+         f"pushed)" if batch else
+         f"  in DRAM        mean {d.upstream:.3g} in prefill or pushed + {d.waiting:.3g} waiting + {d.decoding:.3g} "
+         f"decoding = {d.staged:.3g} requests = {_gib(d.staged * d.load_bytes)} per worker (Little's law)"),
     ]
     if d.sized_requests is not None:
         lines.append(f"  sized          ceil({d.headroom:g} x {d.staged:.3g}) = {d.sized_requests} "
                      f"request{'s' if d.sized_requests > 1 else ''} = "
-                     f"{_gib(d.worker_bytes)} per worker; {_gib(d.node_bytes)} per decode node "
+                     f"{_gib(d.worker_bytes)} of prompt KV per worker; {_gib(d.node_bytes)} per decode node "
                      f"({on_node} worker{'s' if on_node > 1 else ''} on it)")
     else:
         lines.append("  sized          unbounded (see the note)")
     lines.append(f"  node DRAM      {_gib(d.node_dram_bytes)}"
                  f"{'' if hw.node_dram_bytes is not None else ' (/proc/meminfo)'}: "
                  + (f"fits, {d.node_bytes / d.node_dram_bytes:.1%} of it" if d.fits else "does NOT fit")
-                 + (f"; a push finds the pool full {d.full_probability:.2%} of the time"
+                 + (f"; a reservation finds the pool full {d.full_probability:.2%} of the time"
                     if d.full_probability is not None else ""))
     if d.sized_1pct is not None:
-        lines.append(f"  for <= 1% full {d.sized_1pct} requests = {_gib(d.sized_1pct * d.request_bytes)} per worker, "
-                     f"{_gib(on_node * d.sized_1pct * d.request_bytes)} per decode node "
-                     f"({on_node * d.sized_1pct * d.request_bytes / d.node_dram_bytes:.1%} of its DRAM)")
+        lines.append(f"  for <= 1% full {d.sized_1pct} requests = {_gib(d.sized_1pct * d.load_bytes)} per worker, "
+                     f"{_gib(on_node * d.sized_1pct * d.load_bytes)} per decode node "
+                     f"({on_node * d.sized_1pct * d.load_bytes / d.node_dram_bytes:.1%} of its DRAM)")
     fits_gap = d.blocking_itl_s <= d.itl_target_s
     lines += [
         f"  DRAM->HBM load {_gib(d.load_bytes)} / ({d.tp} x {hw.h2d_bw / GB:.4g} GB/s) = {secs(d.load_s)} "
         f"= {d.load_steps:.3g} decode steps; not overlapped, one gap of {secs(d.blocking_itl_s)} "
         + (f"(within the {secs(d.itl_target_s)} ITL target)" if fits_gap else
            f"> the {secs(d.itl_target_s)} ITL target: overlap the load with decoding (layer by layer)"),
+        f"  prefill hold   the prefill worker keeps a request's KV {secs(d.prefill_hold_s)} after its prefill "
+        f"(the write into the tier; vLLM frees the blocks at the end of that engine step)",
         f"  TTFT           {secs(d.split_ttft_s)} + wait {secs(d.admit_wait_s)} + load "
         f"{secs(d.load_s)} = {secs(d.ttft_s)}; host link {d.h2d_util:.2%} busy with loads",
     ]

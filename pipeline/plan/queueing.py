@@ -1,5 +1,5 @@
 """Queueing formulas: the M/D/1 and M/G/1 waits of a prefill worker (Pollaczek-Khinchine), and
-the M/M/c (Erlang C) wait and queue length of a decode worker's slots."""
+the M/M/c (Erlang C) wait and number in system of a decode worker's slots."""
 
 from __future__ import annotations
 
@@ -60,28 +60,45 @@ def erlang_c(servers: int, offered: float) -> float:
     return servers * b / (servers - offered * (1 - b))
 
 
-def dram_full_probability(servers: int, offered: float, transit: float, room: int) -> float:
-    """Probability that a request arriving at a decode worker's DRAM pool finds ``room`` or more
-    requests there (so its push has to wait): ``P(Nq + Nt >= room)``. ``Nq``, the requests
-    waiting for one of ``servers`` slots, has the M/M/c distribution ``P(Nq = 0) = 1 - C rho``,
-    ``P(Nq = j) = C (1 - rho) rho^j`` for ``j >= 1`` (``C`` = :func:`erlang_c`, ``rho = offered /
-    servers``; Kleinrock 1975, sec. 3.5); ``Nt``, those being pushed or loaded, is Poisson with
-    mean ``transit`` (M/G/inf); the two are taken as independent. Poisson arrivals see these
-    time averages (PASTA).
+def mmc_in_system(servers: int, offered: float, upto: int) -> list[float]:
+    """``P(N = n)`` for ``n < upto``: the number of requests in an M/M/c system (waiting or
+    served), ``c`` = ``servers``, ``a`` = ``offered`` erlangs, ``rho = a / c``:
+    ``P(n) = p0 a^n / n!`` for ``n < c``, ``p0 a^c / c! rho^(n - c)`` for ``n >= c``, with
+    ``p0 = 1 / (sum_{n<c} a^n / n! + a^c / c! / (1 - rho))`` (Kleinrock 1975, sec. 3.5).
+
+    Raises:
+        ValueError: as :func:`erlang_c`.
+    """
+    erlang_c(servers, offered)  # the same checks
+    rho = offered / servers
+    terms, t = [], 1.0
+    for n in range(servers + 1):  # a^n / n!, n = 0..c
+        terms.append(t)
+        t *= offered / (n + 1)
+    p0 = 1 / (sum(terms[:servers]) + terms[servers] / (1 - rho))
+    return [p0 * (terms[n] if n < servers else terms[servers] * rho ** (n - servers)) for n in range(upto)]
+
+
+def dram_full_probability(servers: int, offered: float, upstream: float, room: int) -> float:
+    """Probability that a request reserving DRAM-tier slots at a decode worker finds ``room`` or
+    more requests holding slots there (so its prefill has to wait): ``P(Nu + Ns >= room)``.
+    ``Ns``, the requests at the decode worker's ``servers`` KV-cache slots (waiting for one or
+    decoding in one), has the M/M/c distribution :func:`mmc_in_system`; ``Nu``, those reserved
+    upstream (queued for or in prefill, being pushed), is Poisson with mean ``upstream``
+    (M/G/inf); the two are taken as independent. Poisson arrivals see these time averages
+    (PASTA).
 
     Raises:
         ValueError: as :func:`erlang_c`.
     """
     if room <= 0:
         return 1.0
-    c = erlang_c(servers, offered)
-    rho = offered / servers
-    pq = [1 - c * rho] + [c * (1 - rho) * rho ** j for j in range(1, room)]
-    pt, term = [], math.exp(-transit)
+    ps = mmc_in_system(servers, offered, room)
+    pu, term = [], math.exp(-upstream)
     for i in range(room):
-        pt.append(term)
-        term *= transit / (i + 1)
-    below = sum(pq[j] * pt[total - j] for total in range(room) for j in range(total + 1))
+        pu.append(term)
+        term *= upstream / (i + 1)
+    below = sum(ps[j] * pu[total - j] for total in range(room) for j in range(total + 1))
     return min(1.0, max(0.0, 1 - below))
 
 

@@ -80,13 +80,14 @@ def workload(prompt_tokens: int | Sequence[int], output_tokens: int | Sequence[i
 
 def workload_from_input(input_url: str, model: ModelShape, *, job: str = "summarize",
                         tokenizer: str | None = None, output_tokens: int | Sequence[int] | None = None,
-                        rate: float | None = None) -> Workload:
+                        rate: float | None = None, max_model_len: int | None = None) -> Workload:
     """Prompt lengths of a Parquet dataset as the pipeline renders them: the job's prompt template
     and the model's chat template (:func:`pipeline.io.prompts.make_prompts`), tokenized with the
     model's tokenizer (:func:`pipeline.engine.model.load_tokenizer`). Rows that would be error rows
     (null text, too long for ``model.max_model_len`` ...) are left out. Output lengths default to
     the job's ``sampling.max_new_tokens`` (an upper bound). Without ``rate`` the dataset is a
-    batch of its rows.
+    batch of its rows. ``max_model_len``: the context rows must fit (default: the model
+    config's, ``conf/model``).
 
     ``tokenizer`` is a model directory (or ``conf/model`` name) whose tokenizer counts tokens;
     default: the model's own.
@@ -106,7 +107,8 @@ def workload_from_input(input_url: str, model: ModelShape, *, job: str = "summar
         raise ValueError(f"model {model.name} has no directory to take a tokenizer from; "
                          f"pass --tokenizer DIR (a model directory)")
     model_override = f"model={tok_ref}" if (CONF_MODELS / f"{tok_ref}.yaml").exists() else f"model.path={tok_ref}"
-    cfg = compose_config([model_override, f"job.input={input_url}"], job)
+    cfg = compose_config([model_override, f"job.input={input_url}",
+                          *([f"model.max_model_len={max_model_len}"] if max_model_len else [])], job)
     tok = load_tokenizer(cfg)
     lengths: list[int] = []
     rows = 0

@@ -83,13 +83,22 @@ def test_cli_dram_tier_llama_70b_128k_on_h200():
     assert d["wait_probability"] == pytest.approx(c, rel=1e-4)
     wq = c * w / (8 - a)
     assert d["admit_wait_s"] == pytest.approx(wq, rel=1e-4)
-    # Little's law: waiting 0.2 x Wq (~1.43) + in transit 0.2 x (0.21307 + 0.19370) = 0.08135.
-    staged = 0.2 * wq + 0.2 * (0.21307 + 0.19370)
+    # A request holds its prompt's KV in DRAM from before its prefill (queue 30.11 s + prefill
+    # 20.21 s, the split's own prediction) through the push (0.21307 s), the wait for a slot and
+    # its slot (W) to the end of its decode. Little's law: 0.2 x that = 17.76 requests.
+    dis = out["disaggregated"]
+    hold = dis["queue_wait_s"] + dis["prefill_s"] + 0.21307 + wq + w
+    assert d["hold_s"] == pytest.approx(hold, rel=1e-4)
+    assert d["upstream"] == pytest.approx(0.2 * (dis["queue_wait_s"] + dis["prefill_s"] + 0.21307), rel=1e-4)
+    assert d["decoding"] == pytest.approx(a, rel=1e-4)
+    staged = 0.2 * hold
     assert d["staged"] == pytest.approx(staged, rel=1e-4)
-    assert 1.5 < staged < 1.55
-    # ceil(1.2 x 1.52) = 2 requests = 80 GiB per worker; 2 workers per 8-GPU node: 160 GiB of 2 TiB.
-    assert d["sized_requests"] == math.ceil(1.2 * staged) == 2
-    assert d["worker_bytes"] == 80 * 2**30 and d["node_bytes"] == 160 * 2**30
+    assert 17.7 < staged < 17.8
+    # ceil(1.2 x 17.76) = 22 requests x 42,614,128,640 B (prompt KV) = 873.1 GiB per worker; 2
+    # workers per 8-GPU node: 1,746 GiB of 2 TiB.
+    assert d["sized_requests"] == math.ceil(1.2 * staged) == 22
+    assert d["worker_bytes"] == 22 * 42_614_128_640 and d["node_bytes"] == 2 * 22 * 42_614_128_640
+    assert d["prefill_hold_s"] == pytest.approx(0.21307, abs=1e-5)
     assert d["node_dram_bytes"] == 2 * 2**40 and d["fits"]
     assert (d["workers_per_node"], d["decode_nodes"]) == (2, 3)
     # The load does not fit in a decode step: 193.70 ms / 30.182 ms = 6.42 steps.
@@ -103,11 +112,12 @@ def test_cli_dram_tier_readable_options_and_errors():
     plain = _cli(*args)
     assert plain.returncode == 0 and "DRAM tier" not in plain.stdout
     assert "dram_tier" not in json.loads(_cli(*args, "--json").stdout)
-    # Any DRAM option turns the section on: headroom 1.5 -> ceil(1.5 x 1.52) = 3 requests = 120
-    # GiB per worker, 240 GiB per node, over a 200 GiB node; 110 GB/s halves the load: 42.61e9 B / 440e9 B/s = 96.85 ms.
+    # Any DRAM option turns the section on: headroom 1.5 -> ceil(1.5 x 17.7) = 27 requests x 39.69
+    # GiB = 1,072 GiB per worker, 2,143 GiB per node, over a 200 GiB node; 110 GB/s halves the
+    # load: 42.61e9 B / 440e9 B/s = 96.85 ms.
     p = _cli(*args, "--dram-headroom", "1.5", "--node-dram", "200", "--h2d-bw", "110")
     assert p.returncode == 0, p.stderr
-    assert "DRAM tier" in p.stdout and "= 3 requests = 120 GiB per worker; 240 GiB per decode node" in p.stdout
+    assert "DRAM tier" in p.stdout and "= 27 requests = 1072 GiB of prompt KV per worker; 2143 GiB per decode node" in p.stdout
     assert "does NOT fit" in p.stdout and "= 96.9 ms =" in p.stdout
     bad = _cli(*args, "--h2d-bw", "0")
     assert bad.returncode == 2 and "--h2d-bw must be > 0" in bad.stderr

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from pipeline.plan.queueing import batch_ttft, dram_full_probability, erlang_c, md1_wait, mg1_wait
+from pipeline.plan.queueing import batch_ttft, dram_full_probability, erlang_c, md1_wait, mg1_wait, mmc_in_system
 
 
 def test_md1_wait_hand_computed():
@@ -29,11 +29,15 @@ def test_erlang_c_and_dram_full_probability_hand_computed():
     assert erlang_c(2, 1.0) == pytest.approx(1 / 3)
     with pytest.raises(ValueError, match="overloaded"):
         erlang_c(2, 2.0)
-    # c = 2, a = 1, nothing in transit: P(Nq >= j) = C rho^j = (1/3) x 0.5^j.
-    assert dram_full_probability(2, 1.0, 0.0, 1) == pytest.approx(1 / 6)
-    assert dram_full_probability(2, 1.0, 0.0, 3) == pytest.approx(1 / 24)
-    # With 0.5 requests in transit (Poisson): P(Nq + Nt >= 1) = 1 - (5/6) x 0.606531 = 0.494558.
-    assert dram_full_probability(2, 1.0, 0.5, 1) == pytest.approx(0.494558, abs=1e-6)
+    # c = 2, a = 1, in the system (waiting or served): p0 = 1 / (1 + 1 + (1/2) / (1 - 1/2)) = 1/3;
+    # P(1) = 1/3, P(2) = (1/3)(1/2) = 1/6, P(3) = 1/12: they sum to 1.
+    assert mmc_in_system(2, 1.0, 4) == pytest.approx([1 / 3, 1 / 3, 1 / 6, 1 / 12])
+    assert sum(mmc_in_system(2, 1.0, 200)) == pytest.approx(1.0)
+    # Nothing upstream: P(Ns >= 1) = 2/3, P(Ns >= 3) = 1 - 1/3 - 1/3 - 1/6 = 1/6.
+    assert dram_full_probability(2, 1.0, 0.0, 1) == pytest.approx(2 / 3)
+    assert dram_full_probability(2, 1.0, 0.0, 3) == pytest.approx(1 / 6)
+    # With 0.5 requests upstream (Poisson): P(Ns + Nu >= 1) = 1 - (1/3) x e^-0.5 = 0.797823.
+    assert dram_full_probability(2, 1.0, 0.5, 1) == pytest.approx(0.797823, abs=1e-6)
     assert dram_full_probability(2, 1.0, 0.5, 0) == 1.0
 
 
