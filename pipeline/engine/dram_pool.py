@@ -192,8 +192,12 @@ class DramPool:
         self._reg = self.agent.register_memory([(self.base, size, 0, "")], "DRAM")
         self.metadata = base64.b64encode(self.agent.get_agent_metadata()).decode()
         self.free_slots: list[int] = list(range(self.num_slots))
-        # (time.time(), slots in use) after every change: the tier's use over the run.
+        # The tier's use over the run: (time.time(), slots in use) after every change while there
+        # are fewer than MAX_USE_POINTS of them, then after every 2nd, 4th, ... (the list halved
+        # each time it fills), so a run of millions of rows keeps a bounded timeline; the peak
+        # and the latest point are exact.
         self.use: list[tuple[float, int]] = [(time.time(), 0)]
+        self.peak_slots, self._changes, self._stride, self._latest = 0, 0, 1, self.use[0]
         self._freed = asyncio.Condition()
         self._arrived: dict[str, asyncio.Event] = {}
         self._early: set[str] = set()  # notifications that came before anyone waited
@@ -227,15 +231,27 @@ class DramPool:
             self._record_use()
             self._freed.notify_all()
 
+    MAX_USE_POINTS = 10_000
+
     def _record_use(self) -> None:
-        self.use.append((time.time(), self.num_slots - len(self.free_slots)))
+        used = self.num_slots - len(self.free_slots)
+        self.peak_slots = max(self.peak_slots, used)
+        self._latest = (time.time(), used)
+        self._changes += 1
+        if self._changes % self._stride == 0:
+            self.use.append(self._latest)
+            if len(self.use) > self.MAX_USE_POINTS:
+                self.use, self._stride = self.use[::2], self._stride * 2
 
     def use_record(self) -> dict:
         """The tier's use over the run, for ``RUN_DIR/metrics/dram/`` (:func:`pipeline.io.metrics.write_dram_use`):
-        ``num_slots`` and ``slot_bytes`` (one KV block of all layers, bytes), ``peak_slots``, and
-        ``use``: ``[time.time(), slots in use]`` after every reservation and release."""
-        return {"num_slots": self.num_slots, "slot_bytes": self.slot_bytes,
-                "peak_slots": max(u for _, u in self.use), "use": [list(u) for u in self.use]}
+        ``num_slots`` and ``slot_bytes`` (one KV block of all layers, bytes), ``peak_slots`` (the
+        most slots ever in use at once), and ``use``: ``[time.time(), slots in use]`` after every
+        reservation and release (every ``2^k``-th one past :attr:`MAX_USE_POINTS` changes; the
+        first and the latest always)."""
+        points = self.use if self.use[-1] is self._latest else [*self.use, self._latest]
+        return {"num_slots": self.num_slots, "slot_bytes": self.slot_bytes, "peak_slots": self.peak_slots,
+                "use": [list(u) for u in points]}
 
     async def arrived(self, request_id: str, timeout_s: float) -> None:
         """Wait for the prefill worker's notification that ``request_id``'s KV is in the pool.

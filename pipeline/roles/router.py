@@ -99,6 +99,7 @@ class DecodeRouter:
 
     def _drop(self, rank: int, why: str) -> None:
         self.live.discard(rank)
+        self.reserved.pop(rank, None)  # its reservations went with it
         for fut in self.inflight.pop(rank, {}).values():
             if not fut.done():
                 fut.set_exception(DecodeLost(why))

@@ -62,3 +62,42 @@ def test_copy_blocks_round_trip_through_a_pool():
             assert torch.equal(out[k][kvi, 4], kv[k][kvi, 2])
             assert torch.equal(out[k][kvi, 2], kv[k][kvi, 5])
             assert not out[k][kvi, 1].any()
+
+
+def test_pool_use_record_bounded_with_exact_peak(tmp_path, monkeypatch):
+    """A real pool (shared-memory file, NIXL registration): its use record counts slots in use
+    after each reservation and release, keeps the exact peak and the latest value, and stays
+    bounded however many rows pass (the timeline thins out, halving when full)."""
+    import asyncio
+
+    from pipeline.engine.dram_pool import DramPool
+
+    pool = DramPool(tmp_path / "pool.kv", 8 * 4096, 4096, "test-use-record", 1000)
+    monkeypatch.setattr(DramPool, "MAX_USE_POINTS", 16)
+
+    async def first():
+        a = await pool.allocate(3, 1.0)
+        b = await pool.allocate(5, 1.0)  # 8 of 8: the peak
+        await pool.release(a)
+        await pool.release(b)
+
+    async def many():
+        for _ in range(100):  # 200 more changes, never above 2 slots
+            c = await pool.allocate(2, 1.0)
+            await pool.release(c)
+        await pool.allocate(1, 1.0)
+
+    try:
+        asyncio.run(first())
+        early = pool.use_record()
+        asyncio.run(many())
+        rec = pool.use_record()
+    finally:
+        pool.close()
+    assert (early["num_slots"], early["slot_bytes"], early["peak_slots"]) == (8, 4096, 8)
+    assert [u for _, u in early["use"]] == [0, 3, 8, 5, 0]
+    used = [u for _, u in rec["use"]]
+    assert rec["peak_slots"] == 8 and used[0] == 0 and used[-1] == 1  # the latest: 1 slot still held
+    assert len(rec["use"]) <= 16 + 1 and set(used) <= {0, 1, 2, 3, 5, 8}
+    times = [t for t, _ in rec["use"]]
+    assert times == sorted(times)
