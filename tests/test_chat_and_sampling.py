@@ -3,8 +3,9 @@ sampling outputs (``stop_reason``, ``logprobs``, ``cumulative_logprob``), on rea
 input, run colocated, disaggregated with NIXL push, and disaggregated with NIXL pull through the
 decode DRAM tier, the latter with ``pools.local_prefill_tokens`` set between the rows' prompt
 lengths (the shorter rows are prefilled on the decode worker, with no KV transfer). Checked against independent sources: the colocated run (plain vLLM), the
-model's chat template applied by its tokenizer, a JSON Schema validator, the regex itself, and
-the sum of the chosen tokens' log-probabilities. The same input folder holds an OpenAI batch file
+model's chat template applied by its tokenizer, a JSON Schema validator, the regex itself, the
+sum of the chosen tokens' log-probabilities, and rows of the same prompt without the setting
+(a stop token ends the unconstrained output at its first occurrence; penalties change it). The same input folder holds an OpenAI batch file
 (chat and completions requests, bad lines among them): its ``.jsonl`` output is checked field by
 field against the OpenAI batch output format, and against the Parquet output beside it.
 """
@@ -33,7 +34,11 @@ SAMPLING = pa.struct([("max_tokens", pa.int64()), ("temperature", pa.float64()),
                       ("top_k", pa.int64()), ("min_p", pa.float64()), ("stop", pa.list_(pa.string())),
                       ("logprobs", pa.int64()), ("json_schema", pa.string()), ("regex", pa.string()),
                       ("choice", pa.list_(pa.string())), ("min_tokens", pa.int64()),
-                      ("ignore_eos", pa.bool_()), ("bogus", pa.int64())])
+                      ("ignore_eos", pa.bool_()), ("stop_token_ids", pa.list_(pa.int64())),
+                      ("repetition_penalty", pa.float64()), ("presence_penalty", pa.float64()),
+                      ("frequency_penalty", pa.float64()), ("bogus", pa.int64())])
+PERIOD = 30  # the SmolLM2 tokenizer's id of "." (checked in test_stop_token_ids_end_the_row)
+PENALTIES = {"repetition_penalty": 1.5, "presence_penalty": 1.0, "frequency_penalty": 1.0}
 
 
 def _user(text: str) -> list[dict]:
@@ -53,6 +58,10 @@ ROWS = [  # id, messages, sampling overrides
     ("regex", _user("Give me a phone number."), {"regex": REGEX}),
     ("json", _user("Give a city and the year it was founded, as JSON."), {"json_schema": json.dumps(SCHEMA), "max_tokens": 64}),
     ("ignore-eos", _user("Hi."), {"min_tokens": 10, "ignore_eos": True, "max_tokens": 12}),
+    ("river", _user("Describe a river in three sentences."), {"max_tokens": 48}),
+    ("stop-token", _user("Describe a river in three sentences."), {"stop_token_ids": [PERIOD], "max_tokens": 48}),
+    ("no-penalties", _user("Write the word apple ten times."), {"max_tokens": 24}),
+    ("penalties", _user("Write the word apple ten times."), {**PENALTIES, "max_tokens": 24}),
     ("bad-field", _user("Hi."), {"bogus": 1}),
     ("bad-range", _user("Hi."), {"temperature": -1.0}),
     ("bad-role", [{"role": "wizard", "content": "Hi."}], None),
@@ -179,6 +188,39 @@ def test_stop_strings_end_the_row_and_are_not_output(runs):
             assert r["finish_reason"] == "stop"
     assert stopped >= 1
     assert rows["greedy"]["stop_reason"] is None
+
+
+def test_stop_token_ids_end_the_row(runs):
+    """A stop token ends the row at its first occurrence in what the same prompt generates
+    without it (the ``river`` row, greedy): the tokens up to and including it, finish ``stop``,
+    ``stop_reason`` the token id as text. In every mode (the modes agree above)."""
+    from pipeline.config import compose
+    from pipeline.engine.model import load_tokenizer
+
+    assert load_tokenizer(compose(["+job=summarize"])).convert_tokens_to_ids(".") == PERIOD
+    for mode, run in runs.items():
+        rows = _rows(run)
+        free = rows["river"]["generation_token_ids"]
+        assert PERIOD in free, "the unconstrained row must hold a period for the test to bite"
+        r = rows["stop-token"]
+        assert r["generation_token_ids"] == free[:free.index(PERIOD) + 1], mode
+        assert (r["finish_reason"], r["stop_reason"]) == ("stop", str(PERIOD)), mode
+
+
+def test_penalties_change_what_is_repeated(runs):
+    """Repetition, presence and frequency penalties reach the engine that samples (decode in the
+    disaggregated modes, which equal colocated above): the penalised row differs from the same
+    prompt without them and repeats fewer of its own tokens (output tokens equal to an earlier
+    output token)."""
+    def repeats(tokens: list[int]) -> int:
+        return len(tokens) - len(set(tokens))
+
+    for mode, run in runs.items():
+        rows = _rows(run)
+        free, penalised = rows["no-penalties"]["generation_token_ids"], rows["penalties"]["generation_token_ids"]
+        assert penalised != free, mode
+        assert repeats(free) >= 2, "the unpenalised row must repeat itself for the test to bite"
+        assert repeats(penalised) < repeats(free), mode
 
 
 def test_structured_outputs_follow_their_constraint(runs):
