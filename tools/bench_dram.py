@@ -54,14 +54,11 @@ BLOCK_TOKENS = 128  # vLLM-CPU's default block size
 KV_BYTES_PER_TOKEN = 2 * 30 * 3 * 64 * 4  # SmolLM2-135M in float32: 46,080 B
 
 
-def prefill_engine(run_dir: Path) -> tuple[float, float]:
+def prefill_engine(steps: list[dict]) -> tuple[float, float]:
     """(seconds the prefill engine had requests waiting but none running -- its KV cache full of
     finished requests' KV that no decode worker has taken yet --, its peak KV cache use 0..1),
-    from its per-step metrics."""
-    from pipeline.io.metrics import read_worker_metrics
-
-    steps = sorted((r for r in read_worker_metrics(run_dir).to_pylist() if r["role"] == "prefill"),
-                   key=lambda r: r["t"])
+    from a run's per-step metrics."""
+    steps = sorted((r for r in steps if r["role"] == "prefill"), key=lambda r: r["t"])
     idle = sum(cur["t"] - prev["t"] for prev, cur in zip(steps, steps[1:])
                if (prev["waiting"] or 0) > 0 and not prev["running"])
     return idle, max((r["kv_cache_usage"] or 0.0) for r in steps)
@@ -85,8 +82,8 @@ def one(work: Path, name: str, args: argparse.Namespace, input_dir: Path, rep: i
     out_tokens = sum(r["output_tokens"] for r in rows)
     first = min(r["prefill_start"] for r in rows)
     last = max(r["token_times"][-1] for r in rows if r["token_times"])
-    idle, peak_kv = prefill_engine(run_dir / "run")
     steps = read_worker_metrics(run_dir / "run").to_pylist()
+    idle, peak_kv = prefill_engine(steps)
     decode = [r for r in steps if r["role"] == "decode"]
     dram = read_dram_use(run_dir / "run")
     return {"config": name, "rep": rep, "wall_s": time.time() - t0, "summary_tok_s": summary.get("output_tokens_per_s"),
@@ -108,11 +105,11 @@ def transfers(rows: list[dict], steps: list[dict], min_tokens: int) -> list[dict
     freed its blocks). A request's transfer is found by its size, whole 128-token blocks of
     46,080 B (SmolLM2-135M, float32), so two requests of the same block count are not told apart."""
     per_block = BLOCK_TOKENS * KV_BYTES_PER_TOKEN
-    moved: dict[int, list[tuple[dict, int]]] = {}
+    moved: dict[int, list[dict]] = {}  # bytes -> the transfers of that size, in step order
     for s in steps:
         held = s["kv_held_s"] or [None] * len(s["kv_transfer_bytes"] or ())
-        for i, (b, t, h) in enumerate(zip(s["kv_transfer_bytes"] or (), s["kv_transfer_s"] or (), held)):
-            moved.setdefault(b, []).append(({"transfer_s": t, "held_s": h, "t": s["t"], "role": s["role"]}, i))
+        for b, t, h in zip(s["kv_transfer_bytes"] or (), s["kv_transfer_s"] or (), held):
+            moved.setdefault(b, []).append({"transfer_s": t, "held_s": h, "t": s["t"]})
     freed = sorted(f for s in steps if s["role"] == "prefill" for f in (s["kv_freed_s"] or ()))
     out = []
     for r in sorted(rows, key=lambda r: r["prompt_tokens"]):
@@ -120,7 +117,7 @@ def transfers(rows: list[dict], steps: list[dict], min_tokens: int) -> list[dict
             continue
         nbytes = -(-r["prompt_tokens"] // BLOCK_TOKENS) * per_block
         found = moved.get(nbytes, [])
-        x = found[-1][0] if found else {}
+        x = found[-1] if found else {}
         held = x.get("held_s")
         if held is None and x and r["prefill_end"] is not None:  # pull: decode's READ completed in that step
             held = x["t"] - r["prefill_end"]
