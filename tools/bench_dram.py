@@ -168,8 +168,8 @@ def main() -> None:
     ap.add_argument("--rows", type=int, default=8)
     ap.add_argument("--min-tokens", type=int, default=4000)
     ap.add_argument("--max-tokens", type=int, default=7000)
-    ap.add_argument("--max-new-tokens", type=int, default=256)
-    ap.add_argument("--decode-blocks", type=int, default=65)
+    ap.add_argument("--max-new-tokens", type=int, help="default 256; 128 with --long")
+    ap.add_argument("--decode-blocks", type=int, help="default 65; 300 with --long")
     ap.add_argument("--repeats", type=int, default=1)
     ap.add_argument("--work", type=Path, default=Path("/tmp/pd-bench-dram"))
     ap.add_argument("--only", default=",".join(CONFIGS), help="configurations to run (default: none,dram)")
@@ -179,9 +179,10 @@ def main() -> None:
                     help="list the KV transfer of each request of at least this many prompt tokens "
                          "(default: 16,000 with --long, else 4,000)")
     args = ap.parse_args()
-    if args.long:
-        args.decode_blocks = args.decode_blocks if args.decode_blocks != 65 else 300
-        args.max_new_tokens = args.max_new_tokens if args.max_new_tokens != 256 else 128
+    if args.decode_blocks is None:
+        args.decode_blocks = 300 if args.long else 65
+    if args.max_new_tokens is None:
+        args.max_new_tokens = 128 if args.long else 256
     if args.detail_tokens is None:
         args.detail_tokens = 16_000 if args.long else 4_000
     from pipeline.config import compose
