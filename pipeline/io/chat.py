@@ -3,9 +3,11 @@ through the model's chat template."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from pipeline.config import JobConfig
+from pipeline.io.formats import json_kind
 
 ROLES = ("system", "developer", "user", "assistant", "tool")
 
@@ -46,11 +48,18 @@ def chat_token_ids(messages: Any, job: JobConfig, tokenizer: Any) -> list[int]:
     tokenized with its special tokens; each turn's content with ``split_special_tokens``, so a
     turn cannot open another turn by writing ``<|im_start|>``.
 
+    ``messages`` is the row's value: a list of turns (a ``list<struct<role, content>>``
+    column, or JSON objects), or the JSON text of one as ``str`` or UTF-8 ``bytes`` (a string
+    column: CSV, JSON-encoded Parquet, or a JSON Lines column whose rows mix types).
+
     Raises:
         ValueError: the value is not a non-empty list of ``{role, content}`` turns (see
-            :func:`_content`), or the model has no chat template, or the template refused it.
+            :func:`_content`), nor JSON text of one; or the model has no chat template, or the
+            template refused it.
     """
     column = job.messages_column
+    if isinstance(messages, (str, bytes)):
+        messages = _parsed(messages, column)
     if not isinstance(messages, list) or not messages:
         raise ValueError(f"{column} is {'empty' if messages == [] else type(messages).__name__}, "
                          f"not a list of {{role, content}} turns")
@@ -72,6 +81,28 @@ def chat_token_ids(messages: Any, job: JobConfig, tokenizer: Any) -> list[int]:
             raise ValueError(f"{column}[{i}]: the chat template dropped this turn")
         ids += _ids(tokenizer, before) + _ids(tokenizer, content, split_special_tokens=True)
     return ids + _ids(tokenizer, rest)
+
+
+def _parsed(text: str | bytes, column: str) -> Any:
+    """The turns a string value holds as JSON text.
+
+    Raises:
+        ValueError: bytes that are not UTF-8, text that is not JSON, or JSON that is not an array.
+    """
+    if isinstance(text, bytes):
+        try:
+            text = text.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise ValueError(f"{column} is not valid UTF-8 (byte 0x{text[exc.start]:02x} at offset {exc.start})") from None
+    try:
+        value = json.loads(text)
+    except (ValueError, RecursionError):
+        shown = text if len(text) <= 40 else text[:37] + "..."
+        raise ValueError(f"{column} is a string, not a list of {{role, content}} turns nor its JSON text: "
+                         f"{shown!r}") from None
+    if not isinstance(value, list):
+        raise ValueError(f"{column}: its text is a JSON {json_kind(value)}, not an array of {{role, content}} turns")
+    return value
 
 
 def _ids(tokenizer: Any, text: str, **kw: Any) -> list[int]:

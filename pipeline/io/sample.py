@@ -37,8 +37,7 @@ def sample_prompt_lengths(cfg: Config, shards: list, tokenizer: Any, rows: int) 
             if is_request_batch(batch.schema):
                 prompts = request_prompts(batch, keys, job, tokenizer, cfg.model.max_model_len, first, {}, None)
             elif job.prompt_column in batch.schema.names:
-                texts = (batch.column(job.prompt_column).to_pylist() if job.messages_column
-                         else text_values(batch, job.prompt_column))
+                texts = text_values(batch, job.prompt_column)
                 prompts = make_prompts(texts, keys, job, tokenizer, cfg.model.max_model_len, first_row=first)
             else:
                 prompts = []

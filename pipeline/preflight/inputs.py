@@ -91,8 +91,9 @@ def _text_type(t: pa.DataType) -> bool:
 
 
 def _messages_type(t: pa.DataType) -> bool:
-    """A list of structs with ``role`` and ``content`` fields (OpenAI chat messages), or all null."""
-    if pa.types.is_null(t):
+    """A list of structs with ``role`` and ``content`` fields (OpenAI chat messages), text (each
+    value the JSON text of such a list: CSV, JSON-encoded Parquet), or all null."""
+    if _text_type(t):
         return True
     if not (pa.types.is_list(t) or pa.types.is_large_list(t)):
         return False
@@ -133,7 +134,7 @@ def check_columns(cfg: Config, schemas: list[pa.Schema | None], names: list[str]
         t = schema.field(column).type
         if job.messages_column and not _messages_type(t):
             raise ConfigError(f"{key}: column {column!r} of shard {name} is {t}, not a list of "
-                              f"{{role, content}} structs")
+                              f"{{role, content}} structs nor their JSON text")
         if not job.messages_column and not _text_type(t):
             raise ConfigError(f"{key}: column {column!r} of shard {name} is {t}, "
                               f"not text (string or binary)")

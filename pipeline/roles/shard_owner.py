@@ -195,8 +195,7 @@ class ShardOwner:
                    for i, k in enumerate(keys)]
             return
         else:
-            texts = (batch.rows.column(column).to_pylist() if self.job.messages_column
-                     else text_values(batch.rows, column))
+            texts = text_values(batch.rows, column)
             prompts = await asyncio.to_thread(make_prompts, texts, keys, self.job, self.tokenizer,
                                               self.cfg.model.max_model_len, first_row=batch.first_row,
                                               row_errors=errors, samplings=self._samplings(batch.rows))
