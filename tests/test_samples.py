@@ -1,9 +1,9 @@
 """Several samples per prompt (``job.sampling.n`` > 1) on real engines: one input (a Parquet
 shard with per-row ``n`` overrides, and an OpenAI batch file asking for ``n: 2``) run colocated,
 where vLLM's own parallel sampling (``SamplingParams.n``) draws the samples, and disaggregated
-with NIXL pull and with NIXL push through the decode DRAM tier, where the prompt is prefilled and
-its KV moved once and the decode worker draws
-the samples itself (sample 0 loads the KV; the others hit its prefix cache). Checked against
+with NIXL pull (1P:2D) and with NIXL push through the decode DRAM tier (1P:1D), where the prompt
+is prefilled and its KV moved once and one decode worker draws all the samples itself (sample 0
+loads the KV; the others hit its prefix cache). Checked against
 the independent source, vLLM's own ``n``: the same samples token for token (float32, seeded),
 and against the decode worker's own counters: it computed at most one block of each extra
 sample's prompt, not the prompt again.
@@ -61,7 +61,7 @@ def sample_input(tmp_path_factory):
 def runs(tmp_path_factory, sample_input) -> dict[str, Run]:
     return {name: _run(tmp_path_factory, f"samples-{name}", *mode, *SAMPLING, input_url=str(sample_input))
             for name, mode in (("colocated", ["pools=colocated"]),
-                               ("disaggregated", ["pools=disaggregated", "transport=nixl_pull"]),
+                               ("disaggregated", ["pools=disaggregated", "pools.decode=2", "transport=nixl_pull"]),
                                ("push-dram", ["pools=disaggregated", "transport=nixl_push", "offload=dram",
                                               "offload.dram_gib=1"]))}
 
@@ -92,10 +92,13 @@ def test_n_samples_equal_vllms_own_and_the_kv_moved_once(runs):
         assert got[rid]["error"] is None and got[rid]["generation_token_ids"] == want[rid]["generation_token_ids"], rid
     assert got["greedy"]["generation_token_ids"][0] == got["greedy"]["generation_token_ids"][1]
 
-    # One prefill, one hand-off per row; the decode worker received each prompt's KV once and
-    # computed at most one block of each further sample's prompt (its prefix cache held the
-    # rest), where vLLM's own n would have loaded or computed the whole prompt per sample.
+    # One prefill, one hand-off per row, to one of the two decode workers, which received the
+    # prompt's KV once and computed at most one block of each further sample's prompt (its
+    # prefix cache held the rest), where vLLM's own n would have loaded or computed the whole
+    # prompt per sample (and a sample drawn on the other worker, the whole prompt).
     run = runs["disaggregated"]
+    workers = {r["decode_worker"] for r in got.values() if r["generation"]}
+    assert len({w.split("@")[0] for w in workers}) == 2, workers  # both decode workers drew samples
     m = read_request_metrics(run.run_dir).to_pylist()
     assert sorted(r["tries"] for r in m) == [1] * 7  # five rows and the batch file's two requests
     assert all(r["kv_tokens"] >= r["prompt_tokens"] - 1 for r in m)
