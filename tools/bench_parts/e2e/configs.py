@@ -30,8 +30,9 @@ for _w in ("uniform", "mixed", "long"):
     CONFIGS[f"disaggpush-{_w}"] = ("disaggpush", _w, "disaggregated, prefill WRITEs (transport=nixl_push)")
     CONFIGS[f"disagglocal-{_w}"] = ("disagglocal", _w, "disaggregated, prompts < 512 tokens prefilled on decode")
     CONFIGS[f"auto-{_w}"] = ("auto", _w, "pools=auto (2 workers)")
+    CONFIGS[f"disaggsync-{_w}"] = ("disaggsync", _w, "disaggregated, decode engine scheduled in step (no async scheduling)")
 PARTS = {"raw", "coloc", "coloc1", "coloc2", "disagg", "disaggspin", "disaggchunk", "disaggbefore", "disaggpush",
-         "disagglocal", "auto"}
+         "disagglocal", "auto", "disaggsync"}
 WORKLOADS = {"uniform", "mixed", "long"}
 #: Overrides of a workload: the long one needs the model's whole context.
 WORKLOAD_OVERRIDES = {"long": ["model.max_model_len=8192"]}
@@ -43,6 +44,7 @@ VARIANT_OVERRIDES = {
                      "+model.prefill_engine_kwargs.async_scheduling=true"],
     "disaggpush": ["transport=nixl_push"],
     "disagglocal": ["pools.local_prefill_tokens=512"],
+    "disaggsync": ["+model.decode_engine_kwargs.async_scheduling=false"],
 }
 
 
