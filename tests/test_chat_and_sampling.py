@@ -7,7 +7,8 @@ model's chat template applied by its tokenizer, a JSON Schema validator, the reg
 sum of the chosen tokens' log-probabilities, and rows of the same prompt without the setting
 (a stop token ends the unconstrained output at its first occurrence; penalties change it). The same input folder holds an OpenAI batch file
 (chat and completions requests, bad lines among them): its ``.jsonl`` output is checked field by
-field against the OpenAI batch output format, and against the Parquet output beside it.
+field against the OpenAI batch output format, and against the Parquet output beside it. On the
+test Slurm, a sweep of colocated and push + DRAM tier gives the colocated run's rows and lines.
 """
 
 from __future__ import annotations
@@ -18,10 +19,12 @@ import re
 
 import jsonschema
 import pyarrow as pa
+import pyarrow.csv  # noqa: F401  (pa.csv)
 import pyarrow.parquet as pq
 import pytest
 
-from tests.conftest import Run, _run
+from tests.conftest import COMMON as BASE
+from tests.conftest import Run, _run, run_pipeline
 
 pytestmark = pytest.mark.e2e
 
@@ -53,11 +56,14 @@ ROWS = [  # id, messages, sampling overrides
     ("stop-period", _user("Describe a river in three sentences."), {"stop": ["."], "max_tokens": 48}),
     ("stop-comma", _user("List five colours, separated by commas."), {"stop": [","], "max_tokens": 48}),
     ("logprobs", _user("Say hello."), {"logprobs": 3}),
+    ("logprobs-long", _user("Say hello to the people who live in the small town by the river."), {"logprobs": 3}),
     ("seeded", _user("Write a line about the sea."), {"temperature": 0.8, "seed": 1234, "top_k": 20, "min_p": 0.05}),
     ("choice", _user("Is water wet? Answer yes or no."), {"choice": ["yes", "no"]}),
     ("regex", _user("Give me a phone number."), {"regex": REGEX}),
     ("json", _user("Give a city and the year it was founded, as JSON."), {"json_schema": json.dumps(SCHEMA), "max_tokens": 64}),
     ("ignore-eos", _user("Hi."), {"min_tokens": 10, "ignore_eos": True, "max_tokens": 12}),
+    ("ignore-eos-long", _user("Hi there, how are you doing on this fine and sunny morning?"),
+     {"min_tokens": 10, "ignore_eos": True, "max_tokens": 12}),
     ("river", _user("Describe a river in three sentences."), {"max_tokens": 48}),
     ("stop-token", _user("Describe a river in three sentences."), {"stop_token_ids": [PERIOD], "max_tokens": 48}),
     ("no-penalties", _user("Write the word apple ten times."), {"max_tokens": 24}),
@@ -68,9 +74,11 @@ ROWS = [  # id, messages, sampling overrides
     ("null-content", [{"role": "user", "content": None}], None),
     ("no-turns", [], None),
 ]
-# The chat rows' prompts are 19-39 tokens (chat template included): those under 25 are prefilled
-# on the decode worker in the pull-dram run.
-LOCAL_BELOW = 25
+# The chat rows' prompts are 19-39 tokens (chat template included): those under 21 ("logprobs",
+# "ignore-eos" and two error rows) are prefilled on the decode worker in the pull-dram run; every
+# other feature row, and the "-long" twins of those two, has its KV moved over NIXL there.
+LOCAL_BELOW = 21
+LOCAL = {"logprobs", "ignore-eos"}
 COMMON = ["job.messages_column=messages", f"job.system_prompt='{SYSTEM}'", "job.sampling.max_new_tokens=24"]
 
 
@@ -93,6 +101,14 @@ def chat_input(tmp_path_factory):
              _request("b-chat-logprobs", messages=_user("Say hello."), max_completion_tokens=5, logprobs=True,
                       top_logprobs=2)]
     (d / "requests.jsonl").write_text("".join((b if isinstance(b, str) else json.dumps(b)) + "\n" for b in batch))
+    # The same turns as JSON Lines (content as a string in one row, as a list of parts in
+    # another: pyarrow cannot type that column, so it is read as JSON text) and as CSV (JSON text).
+    parts = [{**t, "content": [{"type": "text", "text": t["content"]}]} for t in ROWS[1][1]]
+    lines = [{"id": "j-greedy", "messages": ROWS[0][1]}, {"id": "j-multi-turn", "messages": parts},
+             {"id": "j-string", "messages": "What does a lighthouse do?"}]
+    (d / "chat-lines.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
+    pa.csv.write_csv(pa.table({"id": ["c-greedy", "c-bad"], "messages": [json.dumps(ROWS[0][1]), "[not json"]}),
+                     d / "chat-table.csv")
     return d
 
 
@@ -134,6 +150,23 @@ def test_every_row_once_and_disaggregated_equals_colocated(runs):
             assert r["decode_worker"] is not None or r["error"], (mode, key)
 
 
+def test_json_lines_and_csv_chat_rows_equal_the_parquet_rows(runs):
+    """The same turns from a JSON Lines file (a column of mixed types) and a CSV file (JSON
+    text) give the Parquet row's tokens in every mode; a value that is not turns is an error row."""
+    base = _rows(runs["colocated"])
+    for mode, run in runs.items():
+        lines = {r["id"]: r for r in run.rows("chat-lines.parquet")}
+        table = {r["id"]: r for r in run.rows("chat-table.parquet")}
+        assert list(lines) == ["j-greedy", "j-multi-turn", "j-string"] and list(table) == ["c-greedy", "c-bad"]
+        for got, key in ((lines["j-greedy"], "greedy"), (lines["j-multi-turn"], "multi-turn"), (table["c-greedy"], "greedy")):
+            assert got["error"] is None and got["generation_token_ids"] == base[key]["generation_token_ids"], (mode, got["id"])
+            assert got["prompt_tokens"] == base[key]["prompt_tokens"], (mode, got["id"])
+        assert "messages is a string, not a list of {role, content} turns" in lines["j-string"]["error"], mode
+        assert "'[not json'" in table["c-bad"]["error"] and table["c-bad"]["generation"] is None, mode
+        if mode != "colocated":
+            assert lines["j-greedy"]["kv_tokens"] > 0 and table["c-greedy"]["decode_worker"], mode
+
+
 def test_short_prompts_prefilled_on_decode_without_kv(runs):
     """Rows under ``pools.local_prefill_tokens`` (prompt lengths from the colocated run) had no
     KV hand-off and received no KV; the others received KV. Their output equals colocated's
@@ -141,7 +174,7 @@ def test_short_prompts_prefilled_on_decode_without_kv(runs):
     base, rows = _rows(runs["colocated"]), _rows(runs["pull-dram"])
     served = {k: r for k, r in rows.items() if r["error"] is None}
     local = {k for k in served if base[k]["prompt_tokens"] < LOCAL_BELOW}
-    assert local and set(served) - local, "the threshold must split the rows"
+    assert local == LOCAL, "the threshold must split the rows as the test expects"
     for k, r in served.items():
         if k in local:
             assert (r["kv_handoff_s"], r["kv_tokens"], r["kv_bytes"]) == (None, 0, 0), k
@@ -232,8 +265,8 @@ def test_structured_outputs_follow_their_constraint(runs):
 
 
 def test_logprobs_and_their_sum(runs):
-    for run in runs.values():
-        r = _rows(run)["logprobs"]
+    for run, key in ((run, key) for run in runs.values() for key in ("logprobs", "logprobs-long")):
+        r = _rows(run)[key]
         steps = r["logprobs"]
         assert len(steps) == r["output_tokens"] == len(r["generation_token_ids"])
         chosen = []
@@ -249,8 +282,8 @@ def test_logprobs_and_their_sum(runs):
 
 
 def test_min_tokens_and_ignore_eos(runs):
-    for run in runs.values():
-        r = _rows(run)["ignore-eos"]
+    for run, key in ((run, key) for run in runs.values() for key in ("ignore-eos", "ignore-eos-long")):
+        r = _rows(run)[key]
         assert r["output_tokens"] == 12 and r["finish_reason"] == "length"
 
 
@@ -312,3 +345,39 @@ def test_openai_batch_file_output_format_and_modes_agree(runs):
     content = by_id["b-chat-logprobs"]["response"]["body"]["choices"][0]["logprobs"]["content"]
     assert 0 < len(content) <= 5 and all(len(t["top_logprobs"]) == 2 for t in content)
     assert all(t["logprob"] == t["top_logprobs"][0]["logprob"] for t in content)
+
+
+@pytest.mark.slurm
+def test_on_slurm_a_sweep_of_colocated_and_push_through_the_dram_tier(slurm_cluster, runs, chat_input, tmp_path):
+    """The same input on the test Slurm as a real multirun from Python, ``submit("-m",
+    "pools=colocated,disaggregated", ...)`` with NIXL push through the DRAM tier: both points
+    are submitted before either has ended (each in its own run directory, the disaggregated
+    one a decode job and a prefill array), and each gives the local colocated run's rows
+    (chat messages, per-row sampling) and OpenAI batch lines."""
+    from pipeline import submit
+
+    handles = submit("-m", *BASE, "cluster=slurm-test", "pools=colocated,disaggregated", "transport=nixl_push",
+                     "offload=dram", "offload.dram_gib=1", *COMMON, f"job.input={chat_input}",
+                     f"run.dir={tmp_path / 'sweep'}")
+    assert [h.run_dir for h in handles] == [tmp_path / "sweep" / "0", tmp_path / "sweep" / "1"]
+    assert not any((h.run_dir / "summary.json").exists() for h in handles)  # submitted without waiting
+    base, want = _rows(runs["colocated"]), _batch_lines(runs["colocated"])
+    for point, handle in enumerate(handles):
+        summary = handle.wait()
+        assert summary.shards_done == summary.shards == 4, (point, summary)
+        jobs = json.loads((handle.run_dir / "jobs.json").read_text())
+        assert len(jobs["array_tasks"]) == 1 and len(jobs.get("decode") or []) == point
+        output = handle.run_dir / "output"
+        rows = {r["id"]: r for r in pq.read_table(output / "chat.parquet").to_pylist()}
+        assert list(rows) == list(base), point
+        for key, r in rows.items():
+            assert (r["generation_token_ids"], r["error"], r["finish_reason"], r["stop_reason"]) == (
+                base[key]["generation_token_ids"], base[key]["error"], base[key]["finish_reason"],
+                base[key]["stop_reason"]), (point, key)
+            assert r["error"] or bool(r["decode_worker"] and r["kv_tokens"] > 0) == (point == 1), (point, key)
+        got = [json.loads(line) for line in (output / "requests.jsonl").read_text().splitlines()]
+        assert [(g["custom_id"], g["response"]["status_code"]) for g in got] == [
+            (w["custom_id"], w["response"]["status_code"]) for w in want], point
+        for g, w in zip(got, want):
+            if w["error"] is None:
+                assert g["response"]["body"]["choices"] == w["response"]["body"]["choices"], (point, g["custom_id"])

@@ -88,19 +88,3 @@ def test_notebook_api_and_requeue_mid_shard(slurm_cluster, colocated_run, tmp_pa
     assert table.column("id").to_pylist() == want.column("id").to_pylist()
     assert table.column("generation_token_ids").to_pylist() == want.column("generation_token_ids").to_pylist()
 
-
-def test_colocated_on_slurm_equals_local_colocated(slurm_cluster, colocated_run, tmp_path):
-    """pools=colocated on the test Slurm: one array task per colocated worker (no decode job),
-    each shard's rows equal the local colocated run's."""
-    p = run_pipeline(*COMMON, "cluster=slurm-test", "pools=colocated", "pools.prefill=1", "run.wait=true",
-                     f"run.dir={tmp_path / 'run'}", f"job.input={SAMPLE / SHARDS[1]}",
-                     f"job.output={tmp_path / 'output'}", timeout=1500)
-    assert p.returncode == 0, f"{p.stdout}\n{p.stderr[-4000:]}"
-    jobs = json.loads((tmp_path / "run" / "jobs.json").read_text())
-    assert not jobs.get("decode") and len(jobs["array_tasks"]) == 1
-    assert "Features=ib" in _scontrol_job(jobs["array_tasks"][0])
-    out, want = pq.read_table(tmp_path / "output" / SHARDS[1]), colocated_run.table(SHARDS[1])
-    assert out.column("id").to_pylist() == want.column("id").to_pylist()
-    assert out.column("error").null_count == out.num_rows
-    assert out.column("generation_token_ids").to_pylist() == want.column("generation_token_ids").to_pylist()
-    assert out.column("decode_worker").null_count == out.num_rows
