@@ -31,8 +31,9 @@ for _w in ("uniform", "mixed", "long"):
     CONFIGS[f"disagglocal-{_w}"] = ("disagglocal", _w, "disaggregated, prompts < 512 tokens prefilled on decode")
     CONFIGS[f"auto-{_w}"] = ("auto", _w, "pools=auto (2 workers)")
     CONFIGS[f"disaggsync-{_w}"] = ("disaggsync", _w, "disaggregated, decode engine scheduled in step (no async scheduling)")
+    CONFIGS[f"disaggdram-{_w}"] = ("disaggdram", _w, "disaggregated, KV handed off through the decode DRAM tier")
 PARTS = {"raw", "coloc", "coloc1", "coloc2", "disagg", "disaggspin", "disaggchunk", "disaggbefore", "disaggpush",
-         "disagglocal", "auto", "disaggsync"}
+         "disagglocal", "auto", "disaggsync", "disaggdram"}
 WORKLOADS = {"uniform", "mixed", "long"}
 #: Overrides of a workload: the long one needs the model's whole context.
 WORKLOAD_OVERRIDES = {"long": ["model.max_model_len=8192"]}
@@ -45,6 +46,7 @@ VARIANT_OVERRIDES = {
     "disaggpush": ["transport=nixl_push"],
     "disagglocal": ["pools.local_prefill_tokens=512"],
     "disaggsync": ["+model.decode_engine_kwargs.async_scheduling=false"],
+    "disaggdram": ["offload=dram"],
 }
 
 
