@@ -159,6 +159,9 @@ class JobConfig:
         _check(self.batch_rows >= 1, "job.batch_rows", f"must be >= 1, got {self.batch_rows}")
         _check(self.too_long in ("error", "truncate"), "job.too_long", f"must be error or truncate, got {self.too_long!r}")
         _check(self.checkpoint_rows >= 1, "job.checkpoint_rows", f"must be >= 1, got {self.checkpoint_rows}")
+        _check(not (self.rag is not None and self.messages_column), "job.messages_column",
+               "the RAG job reads each question from job.text_column and builds its prompt from the "
+               "retrieved passages; chat messages are not supported there, set job.messages_column=null")
 
 
 @dataclass
