@@ -25,7 +25,7 @@ from pipeline.engine.stream import FirstTokenTimeout, RequestFailed, Streamed, s
 from pipeline.io.metrics import write_dram_use
 from pipeline.roles.errors import is_worker_failure
 from pipeline.runtime.ids import worker_id
-from pipeline.runtime.net import side_channel, worker_host
+from pipeline.runtime.net import start_on_side_channel, worker_host
 from pipeline.runtime.rundir import RunDir
 from pipeline.wire.auth import Unauthenticated, sign, verify
 from pipeline.wire.messages import Handoff, Release, Renew, Reserve, Reserved, Result, Sample, decode, encode
@@ -49,8 +49,9 @@ async def _decode(run: RunDir, rank: int, cpus: str | None) -> str:
     await asyncio.sleep(float(os.environ.get("PD_PIPELINE_INJECT_DECODE_START_DELAY_S", "0") or 0))
     host = worker_host(cfg)
     recorder = StepRecorder(run.path, worker, "decode")
-    with side_channel(cfg, rank, host) as port:  # a taken port fails fast, named
-        engine = build_engine(cfg, "decode", cpus=cpus, recorder=recorder, side_channel=(host, port))
+    # A taken port fails fast, named; a free port lost before vLLM bound it is picked again.
+    engine = start_on_side_channel(cfg, rank, host, lambda port: build_engine(
+        cfg, "decode", cpus=cpus, recorder=recorder, side_channel=(host, port)))
     server = DecodeServer(run, cfg, rank, worker, engine, host)
     try:
         await server.serve_forever()

@@ -15,7 +15,7 @@ from pipeline.roles.handoff import PrefillHandoff
 from pipeline.roles.router import DecodeRouter, wait_for_decode
 from pipeline.roles.shard_owner import own_shards, shards_for_task
 from pipeline.runtime.ids import worker_id
-from pipeline.runtime.net import side_channel, worker_host
+from pipeline.runtime.net import start_on_side_channel, worker_host
 from pipeline.runtime.rundir import RunDir
 
 
@@ -34,8 +34,9 @@ async def _prefill(run: RunDir, task: int, n_tasks: int, cpus: str | None) -> st
         return worker
     host = worker_host(cfg)
     recorder = StepRecorder(run.path, worker, "prefill")
-    with side_channel(cfg, cfg.pools.decode + task, host) as port:  # a taken port fails fast, named
-        engine = build_engine(cfg, "prefill", cpus=cpus, side_channel=(host, port), recorder=recorder)
+    # A taken port fails fast, named; a free port lost before vLLM bound it is picked again.
+    engine = start_on_side_channel(cfg, cfg.pools.decode + task, host, lambda port: build_engine(
+        cfg, "prefill", cpus=cpus, side_channel=(host, port), recorder=recorder))
     router = None
     try:
         await wait_for_decode(run, cfg.pools.decode, cfg.transport.connect_timeout_s)

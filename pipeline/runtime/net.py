@@ -29,12 +29,14 @@ import errno
 import logging
 import socket
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from typing import TypeVar
 
 from pipeline.config import Config
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 _WILDCARDS = {"0.0.0.0", "::", ""}
 
@@ -224,13 +226,32 @@ class _ForeignListenerWatch:
             listening = _listeners(self.host, self.port)
             if not listening:
                 continue
-            ours = {self.me.pid} | {p.pid for p in self._descendants()}
-            if any(c.pid in ours for c in listening):
+            owned = [self._ours(c.pid) for c in listening]
+            if any(o is True for o in owned):
                 return  # vLLM bound it: nothing more can go wrong with this port
+            if any(o is None for o in owned):
+                continue  # the listener exited meanwhile: look again
             self.taken_by = _holder(self.host, self.port)
             log.error("NIXL side-channel port %d on %s was taken by another process%s while the engine "
                       "started; stopping the engine", self.port, self.host, self.taken_by)
             self._kill_new()
+
+    def _ours(self, pid: int | None) -> bool | None:
+        """Whether ``pid`` is this process or one of its descendants, by its own ancestry (not by
+        listing our children: that walk fails as a whole when any child exits during it, and
+        vLLM's start-up runs short-lived children); None when ``pid`` is gone."""
+        import psutil
+
+        if pid is None:  # not ours to see: another user's process
+            return False
+        if pid == self.me.pid:
+            return True
+        try:
+            return any(a.pid == self.me.pid for a in psutil.Process(pid).parents())
+        except psutil.NoSuchProcess:
+            return None
+        except psutil.Error:
+            return False
 
     def _kill_new(self) -> None:
         import psutil
@@ -292,3 +313,25 @@ def side_channel(cfg: Config, slot: int, host: str, watch_interval_s: float = 1.
     finally:
         watch.stop()
         reservation.close()
+
+
+def start_on_side_channel(cfg: Config, slot: int, host: str, start: Callable[[int], T], attempts: int = 3,
+                          watch_interval_s: float = 1.0) -> T:
+    """``start(port)`` (an engine start) inside :func:`side_channel`, returning what it returns.
+    A port picked free (``transport.base_port`` 0) and lost before vLLM bound it is no fault of
+    the run's: the engine is started again on another free port, up to ``attempts`` times in
+    all, each loss logged. A fixed port that is taken fails at once.
+
+    Raises:
+        PortInUseError: a fixed port taken, or a free one lost ``attempts`` times.
+    """
+    for attempt in range(1, attempts + 1):
+        try:
+            with side_channel(cfg, slot, host, watch_interval_s) as port:
+                return start(port)
+        except PortInUseError as exc:
+            if side_channel_port(cfg, slot) != 0 or attempt == attempts:
+                raise
+            log.warning("%s; starting the engine again on another free port (attempt %d of %d)",
+                        exc, attempt + 1, attempts)
+    raise AssertionError("unreachable")

@@ -19,7 +19,7 @@ import pytest
 import zmq
 
 from pipeline.config import compose
-from pipeline.runtime.net import PortInUseError, check_ports_free, side_channel
+from pipeline.runtime.net import PortInUseError, check_ports_free, side_channel, start_on_side_channel
 
 HOST = "127.0.0.1"
 
@@ -168,6 +168,33 @@ def test_free_port_is_held_until_the_engine_binds_it_and_then_left_alone():
     assert not _plain_bind_fails(port)  # released
 
 
+def test_own_listener_is_ours_even_when_listing_our_children_fails(monkeypatch):
+    """Seen in a full suite run: vLLM's start-up runs short-lived children, and psutil's walk of
+    our children raised for one that exited meanwhile; the watch then took our own engine core's
+    listener for another process's and killed the engine. Ownership is now read from the
+    listener's own ancestry."""
+    listed = psutil.Process.children
+    calls = []
+
+    def children(self, recursive=False):  # every other walk fails, as when a child just exited
+        calls.append(1)
+        if len(calls) % 2:
+            raise psutil.NoSuchProcess(4242, "exited while its parent's children were listed")
+        return listed(self, recursive=recursive)
+
+    cfg = _cfg("transport.base_port=0")
+    with side_channel(cfg, 0, HOST, watch_interval_s=0.2) as port:
+        monkeypatch.setattr(psutil.Process, "children", children)
+        engine = subprocess.Popen([sys.executable, "-c", _ZMQ_BIND, str(port)], stdout=subprocess.PIPE, text=True)
+        try:
+            assert engine.stdout.readline().strip() == "bound"
+            time.sleep(1.0)  # several watch rounds
+            assert engine.poll() is None, "the watch killed our own engine"
+        finally:
+            engine.kill()
+            engine.wait()
+
+
 # vLLM's own NIXL side-channel listener, started as vLLM's engine core does
 # (NixlBaseConnectorScheduler.set_xfer_handshake_metadata): a thread binds, the caller waits.
 _VLLM_LISTENER = textwrap.dedent("""
@@ -228,3 +255,43 @@ def test_port_taken_while_the_engine_starts_ends_it_within_seconds():
     msg = str(err.value)
     assert f"port {port} on {HOST}" in msg and "transport.base_port=0" in msg
     assert isinstance(err.value.__cause__, RuntimeError)
+
+
+def test_free_port_lost_while_the_engine_starts_is_picked_again():
+    """start_on_side_channel: the first engine start loses its free port to another process
+    (as above) and is ended; the second starts on another free port and is kept. A fixed port
+    that is taken is not retried."""
+    cfg = _cfg("transport.base_port=0")
+    ports, thieves = [], []
+
+    def start(port: int) -> subprocess.Popen:
+        ports.append(port)
+        engine = _vllm_listener(port)
+        if len(ports) == 1:
+            thieves.append(Listener(base=port))
+        engine.stdin.write("go\n")
+        engine.stdin.flush()
+        if len(ports) == 1:
+            try:
+                if engine.wait(timeout=30) != 0:  # ended by the watch, as vLLM's start-up sees it
+                    raise RuntimeError("Engine core initialization failed")
+            finally:
+                engine.kill()
+        assert engine.stdout.readline().strip() == "bound"
+        return engine
+
+    try:
+        engine = start_on_side_channel(cfg, 0, HOST, start, watch_interval_s=0.5)
+        engine.wait(timeout=30)
+    finally:
+        for t in thieves:
+            t.close()
+    assert len(ports) == 2 and ports[0] != ports[1]
+
+    other = Listener()
+    try:
+        with pytest.raises(PortInUseError):
+            start_on_side_channel(_cfg(f"transport.base_port={other.base}"), 0, HOST,
+                                  lambda port: pytest.fail("no engine start on a taken fixed port"))
+    finally:
+        other.close()
