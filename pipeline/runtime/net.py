@@ -237,9 +237,10 @@ class _ForeignListenerWatch:
             self._kill_new()
 
     def _ours(self, pid: int | None) -> bool | None:
-        """Whether ``pid`` is this process or one of its descendants, by its own ancestry (not by
-        listing our children: that walk fails as a whole when any child exits during it, and
-        vLLM's start-up runs short-lived children); None when ``pid`` is gone."""
+        """Whether ``pid`` is this process or one of its descendants, by its own ancestry: a walk
+        of our children can miss one (a process whose parent exits during the walk is not
+        reached, and vLLM's start-up runs short-lived children) or fail, and then our own
+        engine's listener would look foreign. None when ``pid`` is gone."""
         import psutil
 
         if pid is None:  # not ours to see: another user's process
