@@ -8,6 +8,7 @@ from typing import Any
 
 from pipeline.config import JobConfig
 from pipeline.io.formats import json_kind
+from pipeline.io.prompts import as_text
 
 ROLES = ("system", "developer", "user", "assistant", "tool")
 
@@ -83,17 +84,16 @@ def chat_token_ids(messages: Any, job: JobConfig, tokenizer: Any) -> list[int]:
     return ids + _ids(tokenizer, rest)
 
 
-def _parsed(text: str | bytes, column: str) -> Any:
+def _parsed(value: str | bytes, column: str) -> Any:
     """The turns a string value holds as JSON text.
 
     Raises:
-        ValueError: bytes that are not UTF-8, text that is not JSON, or JSON that is not an array.
+        ValueError: bytes that are not UTF-8 or blank text (:func:`~pipeline.io.prompts.as_text`),
+            text that is not JSON, or JSON that is not an array.
     """
-    if isinstance(text, bytes):
-        try:
-            text = text.decode("utf-8")
-        except UnicodeDecodeError as exc:
-            raise ValueError(f"{column} is not valid UTF-8 (byte 0x{text[exc.start]:02x} at offset {exc.start})") from None
+    text, why = as_text(value, column)
+    if why:
+        raise ValueError(why)
     try:
         value = json.loads(text)
     except (ValueError, RecursionError):
