@@ -45,6 +45,21 @@ def test_kv_crossed_between_two_processes(disagg_run):
             assert row["kv_handoff_s"] is not None and row["kv_handoff_s"] >= 0
 
 
+def test_pull_reads_kv_in_the_step_that_computes_the_first_token(pull_run):
+    # transport.sync_kv_load (the default): the decode engine READs a hand-off's KV in the step
+    # that schedules it, so the step that records a request's NIXL READ (vLLM's own transfer
+    # telemetry) also computes that request's last prompt token (vLLM's own counter). With
+    # vLLM's asynchronous load the READ completes one or more steps before the request is
+    # scheduled: those steps record transfers and compute no prompt token.
+    from pipeline.io.metrics import read_worker_metrics
+
+    steps = [s for s in read_worker_metrics(pull_run.run_dir).to_pylist() if s["role"] == "decode"]
+    reads = [(len(s["kv_transfer_s"] or []), s["prompt_tokens_computed"]) for s in steps
+             if s["kv_transfer_s"] or s["prompt_tokens_computed"]]
+    assert sum(n for n, _ in reads) == 24, reads  # one READ per row
+    assert all(n == computed for n, computed in reads), reads
+
+
 def test_colocated_rows_record_no_handoff(colocated_run):
     for row in colocated_run.rows(SHARDS[0]):
         assert row["prefill_worker"].startswith("colocated-")

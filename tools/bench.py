@@ -28,11 +28,12 @@ itself in a temporary directory from CPython standard-library docstrings, PSF Li
    With ``--workloads ...,long``, a third workload in the seeds' regime for P/D: ``--long-rows``
    rows of 3-6K-token documents (prompt:output above 40:1 at 64 new tokens), run with
    ``model.max_model_len=8192`` (so ``offload=auto`` gives the decode DRAM tier).
-   ``--only ...,disaggbefore,disaggpush,disaggsync,disaggdram,disagglocal,auto`` adds variants (section 2f, one column
+   ``--only ...,disaggbefore,disaggpush,disaggsync,disaggasyncload,disaggdram,disagglocal,auto`` adds variants (section 2f, one column
    each beside colocated and the default): ``disaggbefore`` is the pipeline as before issue #17
    (push, the prefill engine with vLLM's async scheduling and empty steps at vLLM's pace),
    ``disaggpush`` is ``transport=nixl_push``, ``disaggsync`` schedules the decode engine in step
-   (``async_scheduling`` off), ``disaggdram`` hands KV off through the decode DRAM
+   (``async_scheduling`` off), ``disaggasyncload`` loads a hand-off's KV with vLLM's asynchronous
+   READ (``transport.sync_kv_load=false``, as before), ``disaggdram`` hands KV off through the decode DRAM
    tier (``offload=dram``), ``disagglocal`` prefills rows under 512 prompt
    tokens on decode, ``auto`` is ``pools=auto`` over the same 2 workers (what it chose is in the
    table); the table gives each pool's busy fraction (share of the measured
@@ -138,7 +139,7 @@ def main(argv: list[str] | None = None) -> int:
                          "(disaggregated with NIXL's busy-polling progress thread, as before), disaggchunk (prefill "
                          "chunks of 512 tokens), disaggbefore (push, prefill engine with async scheduling and "
                          "unpaced idle steps: as before issue #17), disaggpush (transport=nixl_push), disaggsync (decode "
-                         "engine without async scheduling), disaggdram (offload=dram), disagglocal "
+                         "engine without async scheduling), disaggasyncload (transport.sync_kv_load=false), disaggdram (offload=dram), disagglocal "
                          "(pools.local_prefill_tokens=512), auto (pools=auto); those after disagg are not in the default")
     ap.add_argument("--workloads", default="uniform,mixed",
                     help="for coloc2/disagg*: uniform, mixed, long (default uniform,mixed)")

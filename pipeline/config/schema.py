@@ -303,7 +303,10 @@ class TransportConfig:
     NIXL's own busy loop, which takes a core per worker (BENCHMARKS.md). ``prefill_idle_pause_ms``:
     how long each empty step of a prefill engine that only holds KV for decode pauses
     (milliseconds, :mod:`pipeline.engine.idle`); 0 is vLLM's pace (1 ms), which takes 0.6 of
-    the prefill worker's core while it holds KV."""
+    the prefill worker's core while it holds KV. ``sync_kv_load`` (pull only): the decode engine
+    READs a hand-off's KV in the step that schedules the request and computes its first token in
+    that same step (:mod:`pipeline.engine.sync_load`); false is vLLM's asynchronous load, which
+    takes two more decode steps per hand-off."""
 
     name: str = MISSING
     connector: str = "NixlConnector"
@@ -314,6 +317,7 @@ class TransportConfig:
     ucx_net_devices: Optional[str] = None
     nixl_progress_delay_us: int = 1000
     prefill_idle_pause_ms: float = 40.0
+    sync_kv_load: bool = True
     connect_timeout_s: float = 600.0  # seconds a prefill worker waits for decode workers to come up
     handoff_timeout_s: float = 300.0  # seconds a hand-off may wait for its result
     handoff_retries: int = 2  # times a row is prefilled and handed off again after a lost decode

@@ -5,11 +5,12 @@ and, on prefill engines, empty steps paced while the engine only holds KV for de
 Loaded by vLLM through ``KVTransferConfig(kv_connector_module_path="pipeline.engine.connector")``;
 ``transport.connector`` keeps vLLM's names (``NixlPushConnector``, ``NixlConnector``) and
 :func:`pipeline.engine.build.build_engine` selects the class of the same name here. Everything
-but the NIXL agent's progress-thread delay and the pacing of a prefill engine's empty steps is
-vLLM's own connector, unchanged.
+but the NIXL agent's progress-thread delay, the pacing of a prefill engine's empty steps and
+(pull) the decode engine's load in step is vLLM's own connector, unchanged.
 
 ``kv_connector_extra_config["progress_delay_us"]``: the progress thread's ``poll()`` timeout in
 microseconds (``transport.nixl_progress_delay_us``; 0 = NIXL's busy loop, vLLM's default).
+``sync_kv_load`` and ``kv_timeout_s``: see :mod:`pipeline.engine.sync_load`.
 """
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.nixl import NixlPullConnector,
 
 from pipeline.engine.idle import idle_steps, set_parked
 from pipeline.engine.nixl_agent import DEFAULT_PTHR_DELAY_US, with_progress_delay
+from pipeline.engine.sync_load import SyncLoadMixin
 
 #: ``NixlConnectorMetadata`` fields that carry transfer work for the worker this step.
 _TRANSFER_FIELDS = ("reqs_to_recv", "reqs_to_save", "reqs_to_send", "push_registrations", "push_finished_blocks")
@@ -48,5 +50,7 @@ class NixlPushConnector(_ProgressDelayMixin, NixlPushConnector):  # noqa: F811 (
     """vLLM's push (prefill WRITEs) NIXL connector; its agent's progress thread sleeps in ``poll()``."""
 
 
-class NixlConnector(_ProgressDelayMixin, NixlPullConnector):
-    """vLLM's pull (decode READs) NIXL connector; its agent's progress thread sleeps in ``poll()``."""
+class NixlConnector(_ProgressDelayMixin, SyncLoadMixin, NixlPullConnector):
+    """vLLM's pull (decode READs) NIXL connector; its agent's progress thread sleeps in ``poll()``, and a
+    decode engine READs a hand-off's KV in the step that schedules it (:mod:`pipeline.engine.sync_load`,
+    ``transport.sync_kv_load``)."""

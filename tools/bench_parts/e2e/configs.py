@@ -32,8 +32,9 @@ for _w in ("uniform", "mixed", "long"):
     CONFIGS[f"auto-{_w}"] = ("auto", _w, "pools=auto (2 workers)")
     CONFIGS[f"disaggsync-{_w}"] = ("disaggsync", _w, "disaggregated, decode engine scheduled in step (no async scheduling)")
     CONFIGS[f"disaggdram-{_w}"] = ("disaggdram", _w, "disaggregated, KV handed off through the decode DRAM tier")
+    CONFIGS[f"disaggasyncload-{_w}"] = ("disaggasyncload", _w, "disaggregated, vLLM's asynchronous KV load on decode")
 PARTS = {"raw", "coloc", "coloc1", "coloc2", "disagg", "disaggspin", "disaggchunk", "disaggbefore", "disaggpush",
-         "disagglocal", "auto", "disaggsync", "disaggdram"}
+         "disagglocal", "auto", "disaggsync", "disaggdram", "disaggasyncload"}
 WORKLOADS = {"uniform", "mixed", "long"}
 #: Overrides of a workload: the long one needs the model's whole context.
 WORKLOAD_OVERRIDES = {"long": ["model.max_model_len=8192"]}
@@ -47,6 +48,7 @@ VARIANT_OVERRIDES = {
     "disagglocal": ["pools.local_prefill_tokens=512"],
     "disaggsync": ["+model.decode_engine_kwargs.async_scheduling=false"],
     "disaggdram": ["offload=dram"],
+    "disaggasyncload": ["transport.sync_kv_load=false"],
 }
 
 

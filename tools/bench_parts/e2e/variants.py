@@ -12,7 +12,7 @@ from tools.benchlib.stats import median_of as med, ratio
 from tools.benchlib.tables import fmt, md_table
 
 #: The columns, in this order, where they ran.
-VARIANTS = ("coloc2", "disaggbefore", "disaggpush", "disaggsync", "disagg", "disaggdram", "disagglocal", "auto")
+VARIANTS = ("coloc2", "disaggbefore", "disaggpush", "disaggsync", "disaggasyncload", "disagg", "disaggdram", "disagglocal", "auto")
 
 
 def _busy(r: dict, role: str) -> float | None:
