@@ -121,6 +121,33 @@ def test_kv_transfer_that_fails_is_retried(tmp_path, colocated_run, transport, s
 
 
 @pytest.mark.e2e
+def test_kv_read_that_hangs_fails_in_time_and_is_retried(tmp_path, colocated_run):
+    # The decode engine READs a hand-off's KV inside a step (transport.sync_kv_load), so a READ
+    # that never completes would hold every row on that decode worker. Here one hangs for real:
+    # after its second prefill the prefill worker's engine processes are stopped for 15 s
+    # (SIGSTOP, PD_PIPELINE_INJECT_PREFILL_FREEZE_S) and UCX moves KV over TCP, where a READ
+    # needs the prefill side (shared-memory CMA would read a stopped process's memory anyway).
+    # The decode step gives up after transport.kv_timeout_s=3 s; the row is prefilled again once
+    # the engine runs again, and the output equals colocated.
+    shard = "shard-00000.parquet"
+    args = [*COMMON, "transport=nixl_pull", "transport.ucx_tls='tcp,self'", "transport.kv_timeout_s=3",
+            "job.batch_rows=1", f"job.input={SAMPLE / shard}", f"run.dir={tmp_path / 'run'}",
+            f"job.output={tmp_path / 'out'}"]
+    p = run_pipeline(*args, env={"PD_PIPELINE_INJECT_PREFILL_FREEZE_S": "15"})
+    assert p.returncode == 0, p.stderr[-3000:]
+    logs = "".join(f.read_text(errors="replace") for f in (tmp_path / "run" / "logs").rglob("*_log.err"))
+    assert logs.count("did not complete within 3 s") == 1 and logs.count("serving it again") == 1, logs[-3000:]
+    got = pq.read_table(tmp_path / "out" / shard)
+    want = colocated_run.table(shard)
+    assert got.column("error").null_count == got.num_rows
+    assert got.column("generation_token_ids").to_pylist() == want.column("generation_token_ids").to_pylist()
+    from pipeline.io.metrics import read_request_metrics
+
+    m = read_request_metrics(tmp_path / "run").to_pylist()
+    assert sorted(r["tries"] for r in m) == [1] * (got.num_rows - 1) + [2]
+
+
+@pytest.mark.e2e
 def test_no_decode_worker_at_start_fails_clearly_then_reruns(tmp_path, colocated_run):
     # The decode worker starts 900 s late (PD_PIPELINE_INJECT_DECODE_START_DELAY_S); prefill
     # waits transport.connect_timeout_s=5 for it, then the run fails saying why, writing nothing,
