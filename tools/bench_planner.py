@@ -33,6 +33,10 @@ from pipeline.report.summary import summarize_run  # noqa: E402
 from tools.benchlib.cli import parser  # noqa: E402
 from tools.benchlib.tables import md_table  # noqa: E402
 
+#: Predicted / measured within which a pair counts as close: issue #17 §4 asks 20% on the
+#: makespan and 1.5x on TTFT p50; 3x is the ITL bound of ``tests/test_metrics_report.py``.
+BOUNDS = {"makespan": 1.2, "ttft_p50": 1.5, "itl": 3.0}
+
 
 def measured(run: Path) -> dict[str, float]:
     """Makespan (``wall_s``), TTFT p50 (seconds, :func:`summarize_run`) and the mean over
@@ -52,12 +56,14 @@ def main() -> None:
     mode = "colocated" if d == 0 else "disaggregated"
     names = [f"{r.parent.parent.name}/{r.parent.name}" for r in args.runs]
     meas = [measured(r) for r in args.runs]
-    rows, ratios = [], {"makespan": [], "ttft_p50": [], "itl": []}
+    workloads = [workload_from_run(r) for r in args.runs]
+    rows, ratios = [], {k: [] for k in BOUNDS}
     for a, run_a in enumerate(args.runs):
         model = model_of_run(run_a)
         hw = calibrate(run_a, model)
-        for b, run_b in enumerate(args.runs):
-            pred = predict(model, hw, workload_from_run(run_b), mode, p, d, rows_in_flight=batch_rows_of_run(run_a))
+        in_flight = batch_rows_of_run(run_a)
+        for b, wl in enumerate(workloads):
+            pred = predict(model, hw, wl, mode, p, d, rows_in_flight=in_flight)
             got = {"makespan": pred.makespan_s, "ttft_p50": pred.ttft_p50_s, "itl": pred.itl_s}
             r = {k: got[k] / meas[b][k] for k in ratios}
             if a != b:
@@ -68,7 +74,7 @@ def main() -> None:
     print()
     summary = []
     for k, v in ratios.items():
-        within = {"makespan": 1.2, "ttft_p50": 1.5, "itl": 3.0}[k]
+        within = BOUNDS[k]
         inside = sum(1 / within <= x <= within for x in v)
         spread = max(m[k] for m in meas) / min(m[k] for m in meas)
         summary.append([k, f"{statistics.median(v):.2f}x", f"{min(v):.2f}-{max(v):.2f}x",
