@@ -231,6 +231,10 @@ class ClusterConfig:
     ``decode_cpus`` when set (a core list such as ``"0"`` or ``"0,1"``); otherwise
     ``cpu_bind=partition`` splits this machine's cores between local workers and ``auto`` leaves
     it to vLLM (right on a cluster, where Slurm confines each task).
+
+    Each pool may have its own Slurm partition (``prefill_partition``, ``decode_partition``, each
+    falling back to ``partition``): prefill holds no state a requeue loses, so it can run on
+    preemptible (spot) capacity, and decode on reserved capacity.
     """
 
     name: str = MISSING
@@ -241,6 +245,8 @@ class ClusterConfig:
     timeout_min: int = 120  # minutes a worker may run (Slurm: the time limit)
     # -- Slurm --
     partition: Optional[str] = None
+    prefill_partition: Optional[str] = None  # the prefill/colocated array's partition; null: partition
+    decode_partition: Optional[str] = None  # the decode job's partition; null: partition
     account: Optional[str] = None
     qos: Optional[str] = None
     constraint: Optional[str] = None  # node feature(s), e.g. "ib" for InfiniBand nodes

@@ -37,12 +37,12 @@ def n_array_tasks(cfg: Config, n_shards: int) -> int:
     return max(1, min(n, n_shards))
 
 
-def _executor(cfg: Config, run: RunDir, name: str, tp: int) -> submitit.SlurmExecutor:
+def _executor(cfg: Config, run: RunDir, name: str, tp: int, partition: str | None) -> submitit.SlurmExecutor:
     """An executor with the cluster's sbatch options; a worker of TP size ``tp`` gets
-    ``tp x cluster.gpus_per_task`` GPUs."""
+    ``tp x cluster.gpus_per_task`` GPUs; ``partition`` (the pool's own) or ``cluster.partition``."""
     c = cfg.cluster
     ex = submitit.SlurmExecutor(folder=str(run.logs / "%j"))
-    params = dict(job_name=name, time=c.timeout_min, partition=c.partition, account=c.account,
+    params = dict(job_name=name, time=c.timeout_min, partition=partition or c.partition, account=c.account,
                   qos=c.qos, constraint=c.constraint, cpus_per_task=c.cpus_per_task,
                   gpus_per_task=c.gpus_per_task * tp or None,
                   mem=f"{int(c.mem_gb * 1024)}M" if c.mem_gb else None,
@@ -60,7 +60,7 @@ def launch_slurm(cfg: Config, run: RunDir, n_shards: int) -> Jobs:
     if cfg.pools.mode == "disaggregated":
         d = cfg.pools.decode
         per_node = min(cfg.cluster.decode_ranks_per_node, d)
-        ex = _executor(cfg, run, f"pd-decode-{tag}", cfg.model.decode_tp)
+        ex = _executor(cfg, run, f"pd-decode-{tag}", cfg.model.decode_tp, cfg.cluster.decode_partition)
         ex.update_parameters(nodes=math.ceil(d / per_node), ntasks_per_node=per_node)
         decode_jobs = [ex.submit(DecodeJob(path), None, cfg.cluster.decode_cpus)]
         depends = f"after:{decode_jobs[0].job_id}"
@@ -70,7 +70,7 @@ def launch_slurm(cfg: Config, run: RunDir, n_shards: int) -> Jobs:
     chunk = cfg.cluster.max_array_size or max_array_size()
     tasks_jobs: list = []
     for start in range(0, n_tasks, chunk):
-        ex = _executor(cfg, run, f"pd-{role}-{tag}", cfg.model.prefill_tp)
+        ex = _executor(cfg, run, f"pd-{role}-{tag}", cfg.model.prefill_tp, cfg.cluster.prefill_partition)
         extra = dict(ex.parameters.get("additional_parameters") or {})
         deps = [d for d in (depends, f"afterany:{tasks_jobs[-1].job_id.split('_')[0]}" if tasks_jobs else None) if d]
         if deps:
