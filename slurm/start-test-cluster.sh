@@ -80,7 +80,7 @@ healthy() {
     for node in $NODE_NAMES; do
         alive "$(slurmd_pidfile "$node")" || return 1
         st=$(timeout 10 sinfo -h -n "$node" -o %T 2>/dev/null) || return 1
-        [[ "$st" =~ ^(idle|mixed|allocated|completing)$ ]] || return 1
+        [[ "$st" =~ ^(idle|mixed|allocated|completing|planned)$ ]] || return 1
     done
 }
 

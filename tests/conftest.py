@@ -77,11 +77,56 @@ def pull_run(tmp_path_factory) -> Run:
                 input_url=str(SAMPLE / "shard-*.parquet"))
 
 
+# Every Slurm test runs on the multi-node test Slurm (slurm/start-test-cluster.sh --nodes 4):
+# pd-node1-2 form the `prefill` partition, pd-node3-4 `decode`, each node a network namespace,
+# so every Slurm run is a run across hosts. SLURM is what a site sets for that: the cluster and
+# the network path of the KV (TCP on each node's eth0, as UCX_TLS / UCX_NET_DEVICES).
+SLURM_NODES = 4
+PREFILL_NODES = ("pd-node1", "pd-node2")
+SLURM = ["cluster=slurm-test-nodes", "transport.ucx_tls=tcp", "transport.ucx_net_devices=eth0"]
+
+
 @pytest.fixture(scope="session")
 def slurm_cluster():
-    """The single-node test Slurm of slurm/start-test-cluster.sh (2 CPUs, feature "ib"), brought up once."""
+    """The multi-node test Slurm (4 nodes, 1 CPU and feature "ib" each), brought up once."""
     if os.geteuid() != 0:
-        pytest.skip("bringing up the test Slurm needs root (apt-get, munge, slurmd)")
-    p = subprocess.run(["bash", str(ROOT / "slurm" / "start-test-cluster.sh")],
+        pytest.skip("bringing up the test Slurm needs root (apt-get, munge, slurmd, namespaces)")
+    p = subprocess.run(["bash", str(ROOT / "slurm" / "start-test-cluster.sh"), "--nodes", str(SLURM_NODES)],
                        capture_output=True, text=True, timeout=600)
     assert p.returncode == 0, f"test Slurm did not come up:\n{p.stdout}\n{p.stderr}"
+
+
+def node_bytes_sent() -> dict[str, int]:
+    """Bytes each test node has sent over its link: the receive counter of its port on the
+    bridge (``pd-vethK``, this namespace's end of node K's ``eth0``), read from sysfs."""
+    out = {}
+    for port in Path("/sys/class/net").glob("pd-veth*"):
+        out[f"pd-node{port.name.removeprefix('pd-veth')}"] = int((port / "statistics" / "rx_bytes").read_text())
+    return out
+
+
+def assert_across_hosts(run_dir: Path, output: Path, sent_before: dict[str, int]) -> None:
+    """Check, from what the workers did, that a disaggregated run on the multi-node test Slurm
+    ran across hosts: every row with KV was prefilled on one node and decoded on another; every
+    decode endpoint published is that node's own bridge address (198.18.0.K on pd-nodeK, the
+    cluster's addressing: never loopback); and the prefill nodes sent at least the run's
+    ``kv_bytes`` over their links since ``sent_before`` (:func:`node_bytes_sent`): the KV went
+    over the network, not through shared memory, which namespaces on one host could use."""
+    from pipeline.io.metrics import read_request_metrics
+
+    rows = [r for f in sorted(output.rglob("*.parquet")) for r in pq.read_table(f).to_pylist()]
+    moved = [r for r in rows if r.get("kv_tokens")]
+    assert moved, "no row moved KV"
+    for r in moved:
+        p_host, d_host = r["prefill_worker"].split("@")[1], r["decode_worker"].split("@")[1]
+        assert p_host in PREFILL_NODES and d_host.startswith("pd-node") and d_host not in PREFILL_NODES, r
+    ranks = sorted((run_dir / "decode").glob("rank-*.json"))
+    assert ranks
+    for f in ranks:
+        rank = json.loads(f.read_text())
+        host = rank["worker"].split("@")[1]
+        assert rank["endpoint"].startswith(f"tcp://198.18.0.{host.removeprefix('pd-node')}:"), rank
+    kv_bytes = sum(read_request_metrics(run_dir).column("kv_bytes").to_pylist())
+    after = node_bytes_sent()
+    sent = sum(after[n] - sent_before.get(n, 0) for n in PREFILL_NODES)
+    assert kv_bytes > 0 and sent >= kv_bytes, f"prefill nodes sent {sent} B over their links, the run's KV is {kv_bytes} B"

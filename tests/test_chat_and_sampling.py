@@ -24,7 +24,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from tests.conftest import COMMON as BASE
-from tests.conftest import Run, _run, run_pipeline
+from tests.conftest import SLURM, Run, _run, assert_across_hosts, node_bytes_sent, run_pipeline
 
 pytestmark = pytest.mark.e2e
 
@@ -356,7 +356,8 @@ def test_on_slurm_a_sweep_of_colocated_and_push_through_the_dram_tier(slurm_clus
     (chat messages, per-row sampling) and OpenAI batch lines."""
     from pipeline import submit
 
-    handles = submit("-m", *BASE, "cluster=slurm-test", "pools=colocated,disaggregated", "transport=nixl_push",
+    sent = node_bytes_sent()
+    handles = submit("-m", *BASE, *SLURM, "pools=colocated,disaggregated", "transport=nixl_push",
                      "offload=dram", "offload.dram_gib=1", *COMMON, f"job.input={chat_input}",
                      f"run.dir={tmp_path / 'sweep'}")
     assert [h.run_dir for h in handles] == [tmp_path / "sweep" / "0", tmp_path / "sweep" / "1"]
@@ -381,3 +382,5 @@ def test_on_slurm_a_sweep_of_colocated_and_push_through_the_dram_tier(slurm_clus
         for g, w in zip(got, want):
             if w["error"] is None:
                 assert g["response"]["body"]["choices"] == w["response"]["body"]["choices"], (point, g["custom_id"])
+    # The disaggregated point pushed its KV into the DRAM tier of a decode rank on another node.
+    assert_across_hosts(handles[1].run_dir, handles[1].run_dir / "output", sent)

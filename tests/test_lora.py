@@ -16,7 +16,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from pipeline.io.metrics import read_worker_metrics
-from tests.conftest import COMMON, Run, _run, run_pipeline
+from tests.conftest import COMMON, SLURM, Run, _run, assert_across_hosts, node_bytes_sent, run_pipeline
 
 pytestmark = pytest.mark.e2e
 
@@ -145,7 +145,8 @@ def test_unknown_adapter_is_an_error_row(runs):
 def test_adapter_and_engine_arguments_on_slurm(slurm_cluster, runs, adapter, lora_input, tmp_path):
     # The same input through the test Slurm (1P:1D, pull), with engine arguments for both pools
     # and for decode alone: the workers there load the adapter and take the arguments as locally.
-    p = run_pipeline(*COMMON, "cluster=slurm-test", "pools=disaggregated", "transport=nixl_pull",
+    sent = node_bytes_sent()
+    p = run_pipeline(*COMMON, *SLURM, "pools=disaggregated", "transport=nixl_pull",
                      f"model.lora.tiny={adapter}", "job.sampling.max_new_tokens=16",
                      "model.engine_kwargs.max_num_seqs=4", "model.decode_engine_kwargs.max_num_seqs=2",
                      "run.wait=true", f"run.dir={tmp_path / 'run'}", f"job.input={lora_input}",
@@ -160,3 +161,4 @@ def test_adapter_and_engine_arguments_on_slurm(slurm_cluster, runs, adapter, lor
     for row in read_worker_metrics(tmp_path / "run").to_pylist():
         running[row["role"]] = max(running.get(row["role"], 0), row["running"] or 0)
     assert running["decode"] <= 2 and running["prefill"] <= 4, running
+    assert_across_hosts(tmp_path / "run", tmp_path / "output", sent)

@@ -18,7 +18,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from pipeline.io.metrics import read_request_metrics, read_worker_metrics
-from tests.conftest import COMMON, Run, _run, run_pipeline
+from tests.conftest import COMMON, SLURM, Run, _run, assert_across_hosts, node_bytes_sent, run_pipeline
 
 pytestmark = pytest.mark.e2e
 
@@ -131,7 +131,8 @@ def test_openai_batch_line_with_n_has_one_choice_per_sample(runs):
 @pytest.mark.slurm
 def test_samples_per_row_sampling_and_batch_files_on_slurm(slurm_cluster, runs, sample_input, tmp_path):
     # The same input through the test Slurm (1P:1D, pull): the same samples as vLLM's own n.
-    p = run_pipeline(*COMMON, "cluster=slurm-test", "pools=disaggregated", "transport=nixl_pull", *SAMPLING,
+    sent = node_bytes_sent()
+    p = run_pipeline(*COMMON, *SLURM, "pools=disaggregated", "transport=nixl_pull", *SAMPLING,
                      "run.wait=true", f"run.dir={tmp_path / 'run'}", f"job.input={sample_input}",
                      f"job.output={tmp_path / 'output'}", timeout=1500)
     assert p.returncode == 0, f"{p.stdout}\n{p.stderr[-4000:]}"
@@ -143,3 +144,4 @@ def test_samples_per_row_sampling_and_batch_files_on_slurm(slurm_cluster, runs, 
     assert _choices(slurm) == _choices(runs["colocated"])
     jobs = json.loads((tmp_path / "run" / "jobs.json").read_text())
     assert len(jobs["decode"]) == 1 and len(jobs["array_tasks"]) == 1
+    assert_across_hosts(tmp_path / "run", tmp_path / "output", sent)

@@ -1,5 +1,7 @@
-"""The same pipeline on a real Slurm: the single-node test cluster of
-slurm/start-test-cluster.sh (2 CPUs, feature "ib"), brought up by tests.conftest.slurm_cluster."""
+"""The same pipeline on a real Slurm: the multi-node test cluster of
+``slurm/start-test-cluster.sh --nodes 4`` (one network namespace per node, feature "ib"),
+brought up by tests.conftest.slurm_cluster. Every run here crosses hosts: prefill on pd-node1-2,
+decode on pd-node3-4, KV over TCP on the nodes' links."""
 
 from __future__ import annotations
 
@@ -10,7 +12,7 @@ import time
 import pyarrow.parquet as pq
 import pytest
 
-from tests.conftest import COMMON, SAMPLE, run_pipeline
+from tests.conftest import COMMON, SAMPLE, SLURM, assert_across_hosts, node_bytes_sent, run_pipeline
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slurm]
 SHARDS = sorted(p.name for p in SAMPLE.glob("*.parquet"))
@@ -22,12 +24,25 @@ def _scontrol_job(job_id: str) -> str:
 
 @pytest.fixture(scope="session")
 def slurm_run(slurm_cluster, tmp_path_factory):
+    """2P:2D with NIXL push on four nodes, the workers' addresses left to the pipeline (each
+    node's name resolves to 127.0.1.1 there, as Debian's /etc/hosts makes it)."""
     base = tmp_path_factory.mktemp("slurm")
-    p = run_pipeline(*COMMON, "cluster=slurm-test", "pools.prefill=2", "pools.decode=1",
+    sent = node_bytes_sent()
+    p = run_pipeline(*COMMON, *SLURM, "transport=nixl_push", "pools.prefill=2", "pools.decode=2",
                      "run.wait=true", f"run.dir={base / 'run'}", f"job.input={SAMPLE}",
                      f"job.output={base / 'output'}", timeout=1500)
     assert p.returncode == 0, f"{p.stdout}\n{p.stderr[-4000:]}"
+    base.joinpath("sent.json").write_text(json.dumps(sent))
     return base
+
+
+def test_slurm_run_crossed_hosts(slurm_run):
+    assert_across_hosts(slurm_run / "run", slurm_run / "output", json.loads((slurm_run / "sent.json").read_text()))
+    workers = {(r["prefill_worker"], r["decode_worker"]) for s in SHARDS
+               for r in pq.read_table(slurm_run / "output" / s).to_pylist()}
+    # Both prefill tasks and both decode ranks served rows, each on its own node.
+    assert {p.split("@")[1] for p, _ in workers} == {"pd-node1", "pd-node2"}
+    assert {d for _, d in workers} == {"decode-0@pd-node3", "decode-1@pd-node4"}
 
 
 def test_slurm_run_every_row_once(slurm_run, colocated_run):
@@ -43,7 +58,8 @@ def test_slurm_run_every_row_once(slurm_run, colocated_run):
 
 def test_slurm_jobs_asked_for_infiniband_and_used_an_array(slurm_run):
     jobs = json.loads((slurm_run / "run" / "jobs.json").read_text())
-    assert len(jobs["decode"]) == 1
+    assert len(jobs["decode"]) == 1  # one job, one task per decode rank, one rank per node
+    assert "NumNodes=2 " in _scontrol_job(jobs["decode"][0])
     assert len(jobs["array_tasks"]) == 2  # one array task per prefill worker
     array_ids = {j.split("_")[0] for j in jobs["array_tasks"]}
     assert len(array_ids) == 1 and all("_" in j for j in jobs["array_tasks"])
@@ -64,7 +80,8 @@ def test_notebook_api_and_requeue_mid_shard(slurm_cluster, colocated_run, tmp_pa
     from pipeline import submit
 
     shard = SHARDS[0]
-    handle = submit("+job=summarize", *COMMON[1:], "cluster=slurm-test", "pools.prefill=1",
+    sent = node_bytes_sent()
+    handle = submit("+job=summarize", *COMMON[1:], *SLURM, "pools.prefill=1",
                     "pools.decode=1", "transport=nixl_pull", "job.batch_rows=2", "job.checkpoint_rows=2",
                     f"job.input={SAMPLE / shard}", f"run.dir={tmp_path / 'run'}",
                     f"job.output={tmp_path / 'output'}")
@@ -87,4 +104,5 @@ def test_notebook_api_and_requeue_mid_shard(slurm_cluster, colocated_run, tmp_pa
     want = colocated_run.table(shard)
     assert table.column("id").to_pylist() == want.column("id").to_pylist()
     assert table.column("generation_token_ids").to_pylist() == want.column("generation_token_ids").to_pylist()
+    assert_across_hosts(handle.run_dir, tmp_path / "output", sent)
 

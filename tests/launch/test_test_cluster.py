@@ -1,28 +1,33 @@
-"""The test Slurm's daemons (slurm/start-test-cluster.sh: munged, slurmctld, slurmd) start with
-the caller's open files closed: a pipe held open around the start script reaches EOF once the
-script returns, i.e. no daemon kept its write end.
+"""The multi-node test Slurm (slurm/start-test-cluster.sh --nodes 4: munged, slurmctld, one
+slurmd per node namespace) and its faults on demand (slurm/netfault.sh).
 
-The script does nothing while the cluster is healthy, so when the cluster is already up (the
-session fixture of tests/launch/test_slurm.py, or an earlier run) this test restarts it (stop
-script, then start script) and leaves it up; when it was down, it stops it again afterwards."""
+Its daemons start with the caller's open files closed: a pipe held open around the start script
+reaches EOF once the script returns, i.e. no daemon kept its write end. The script does nothing
+while the cluster is healthy, so when the cluster is already up (the session fixture
+tests.conftest.slurm_cluster, or an earlier run) that test restarts it (stop script, then start
+script) and leaves it up; when it was down, it stops it again afterwards."""
 
 from __future__ import annotations
 
+import json
 import os
 import select
 import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import ROOT
+from tests.conftest import ROOT, SLURM_NODES
 
 pytestmark = pytest.mark.slurm
 
 START, STOP = ROOT / "slurm" / "start-test-cluster.sh", ROOT / "slurm" / "stop-test-cluster.sh"
+NODES = [f"pd-node{k}" for k in range(1, SLURM_NODES + 1)]
 STATE = Path(os.environ.get("PD_SLURM_STATE", "/var/tmp/pd-slurm"))
 PID_FILES = {"munged": Path("/run/munge/munged.pid"), "slurmctld": STATE / "slurmctld.pid",
-             "slurmd": STATE / "slurmd.pid"}
+             **{f"slurmd {n}": STATE / f"slurmd-{n}.pid" for n in NODES}}
 
 
 def _daemons() -> dict[str, int]:
@@ -62,7 +67,7 @@ def test_daemons_start_with_the_callers_open_files_closed():
     target = f"pipe:[{os.fstat(w).st_ino}]"
     try:
         try:
-            p = subprocess.run(["bash", str(START)], pass_fds=(w,), stdin=subprocess.DEVNULL,
+            p = subprocess.run(["bash", str(START), "--nodes", str(SLURM_NODES)], pass_fds=(w,), stdin=subprocess.DEVNULL,
                                capture_output=True, text=True, timeout=600)
         finally:
             os.close(w)
@@ -77,3 +82,95 @@ def test_daemons_start_with_the_callers_open_files_closed():
         os.close(r)
         if not was_up:
             subprocess.run(["bash", str(STOP)], stdin=subprocess.DEVNULL, capture_output=True, timeout=120)
+
+
+NETFAULT = ROOT / "slurm" / "netfault.sh"
+
+
+def _netfault(*args: str) -> subprocess.CompletedProcess:
+    p = subprocess.run(["bash", str(NETFAULT), *args], capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, f"netfault.sh {' '.join(args)}: {p.stderr}"
+    return p
+
+
+def _in(node: str, *cmd: str, timeout: float = 60) -> subprocess.CompletedProcess:
+    return subprocess.run(["ip", "netns", "exec", node, *cmd], capture_output=True, text=True, timeout=timeout)
+
+
+def _reaches(node: str, addr: str, port: int) -> bool:
+    """Whether a TCP connection from ``node`` to ``addr:port`` is made within 2 s."""
+    probe = (f"import socket\ntry:\n    socket.create_connection(({addr!r}, {port}), timeout=2).close()\n"
+             f"except OSError:\n    raise SystemExit(1)")
+    return _in(node, sys.executable, "-c", probe).returncode == 0
+
+
+def _iperf_mbit(client: str, server_addr: str) -> float:
+    """Mbit/s a 2-second iperf3 TCP stream from ``client`` to ``server_addr`` delivered."""
+    p = _in(client, "iperf3", "-c", server_addr, "-t", "2", "-J")
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr
+    return json.loads(p.stdout)["end"]["sum_received"]["bits_per_second"] / 1e6
+
+
+def test_nodes_are_hosts_and_netfault_shapes_cuts_and_loses_them(slurm_cluster):
+    """Each node is a host of its own (its name, its address, its slurmd, no route out of the
+    bridge), and each fault of slurm/netfault.sh does what it says, measured from the nodes
+    (iperf3, TCP connects, Slurm): rate, clear, cut for a time, cut and heal, lost and back."""
+    for k, node in enumerate(NODES, 1):
+        slurmd = PID_FILES[f"slurmd {node}"].read_text().split()[0]
+        assert slurmd in _pids(node)
+        assert subprocess.run(["nsenter", "--uts", "-t", slurmd, "hostname"], capture_output=True,
+                              text=True).stdout.strip() == node
+        assert f"inet 198.18.0.{k}/24" in _in(node, "ip", "-4", "addr", "show", "eth0").stdout
+        assert _in(node, "ip", "route").stdout.strip() == f"198.18.0.0/24 dev eth0 proto kernel scope link src 198.18.0.{k}"
+
+    a, b, b_addr = "pd-node1", "pd-node2", "198.18.0.2"
+    server = subprocess.Popen(["ip", "netns", "exec", b, "iperf3", "-s", "-p", "5201"],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        for _ in range(50):
+            if _reaches(a, b_addr, 5201):
+                break
+            time.sleep(0.1)
+        _netfault(b, "rate", "100")
+        shaped = _iperf_mbit(a, b_addr)
+        assert 60 < shaped <= 105, shaped
+        _netfault(b, "clear")
+        assert _iperf_mbit(a, b_addr) > 2 * shaped
+
+        _netfault(a, "cut", b, "8")
+        t0 = time.monotonic()
+        assert not _reaches(a, b_addr, 5201) and not _reaches(b, "198.18.0.1", 6818)  # both ways
+        assert _reaches(a, "198.18.0.3", 6818)  # only that pair
+        time.sleep(max(0.0, 8.5 - (time.monotonic() - t0)))
+        assert _reaches(a, b_addr, 5201), "the timed cut did not heal"
+        _netfault(b, "cut", a)
+        assert not _reaches(a, b_addr, 5201)
+        _netfault(a, "heal")
+        assert _reaches(a, b_addr, 5201)
+    finally:
+        server.kill()
+        server.wait()
+        subprocess.run(["bash", str(NETFAULT), b, "clear"], capture_output=True, timeout=60)
+
+    lost = NODES[-1]
+    started = _slurmd_start_time(lost)
+    _netfault(lost, "lost")
+    assert _pids(lost) == []
+    assert "state DOWN" in subprocess.run(["ip", "link", "show", f"pd-veth{SLURM_NODES}"], capture_output=True,
+                                          text=True).stdout
+    time.sleep(1)  # Slurm's start times are whole seconds
+    _netfault(lost, "back")
+    deadline = time.monotonic() + 60
+    while _slurmd_start_time(lost) == started:  # a fresh slurmd registered with the controller
+        assert time.monotonic() < deadline, "the node did not come back"
+        time.sleep(1)
+    assert PID_FILES[f"slurmd {lost}"].read_text().split()[0] in _pids(lost)
+
+
+def _pids(node: str) -> list[str]:
+    return subprocess.run(["ip", "netns", "pids", node], capture_output=True, text=True).stdout.split()
+
+
+def _slurmd_start_time(node: str) -> str:
+    out = subprocess.run(["scontrol", "show", "node", node], capture_output=True, text=True).stdout
+    return out.split("SlurmdStartTime=")[1].split()[0]
