@@ -129,4 +129,5 @@ def assert_across_hosts(run_dir: Path, output: Path, sent_before: dict[str, int]
     kv_bytes = sum(read_request_metrics(run_dir).column("kv_bytes").to_pylist())
     after = node_bytes_sent()
     sent = sum(after[n] - sent_before.get(n, 0) for n in PREFILL_NODES)
-    assert kv_bytes > 0 and sent >= kv_bytes, f"prefill nodes sent {sent} B over their links, the run's KV is {kv_bytes} B"
+    assert kv_bytes > 0 and sent >= kv_bytes, \
+        f"prefill nodes sent {sent} B over their links, the run's KV is {kv_bytes} B"

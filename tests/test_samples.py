@@ -132,8 +132,9 @@ def test_openai_batch_line_with_n_has_one_choice_per_sample(runs):
 def test_samples_per_row_sampling_and_batch_files_on_slurm(slurm_cluster, runs, sample_input, tmp_path):
     # The same input through the test Slurm (1P:1D, pull): the same samples as vLLM's own n.
     sent = node_bytes_sent()
-    p = run_pipeline(*COMMON, *SLURM, "pools=disaggregated", "transport=nixl_pull", *SAMPLING,
-                     "run.wait=true", f"run.dir={tmp_path / 'run'}", f"job.input={sample_input}",
+    # The workers' address named as a site names it (the other Slurm runs leave it to the node).
+    p = run_pipeline(*COMMON, *SLURM, "pools=disaggregated", "transport=nixl_pull", "transport.interface=eth0",
+                     *SAMPLING, "run.wait=true", f"run.dir={tmp_path / 'run'}", f"job.input={sample_input}",
                      f"job.output={tmp_path / 'output'}", timeout=1500)
     assert p.returncode == 0, f"{p.stdout}\n{p.stderr[-4000:]}"
     slurm = Run(p.returncode, p.stdout, p.stderr, tmp_path / "run", tmp_path / "output")

@@ -67,6 +67,9 @@ def main(argv: list[str] | None = None) -> int:
                     "(default: the preset's; cpu: /proc/meminfo; implies --dram-tier)")
     ap.add_argument("--h2d-bw", type=float, metavar="GB_S", help="DRAM tier: host-to-device GB/s per device "
                     "(default: the preset's, 55 for h100/h200; implies --dram-tier)")
+    ap.add_argument("--link-gbit", type=float, metavar="GBIT_S", help="the link between a prefill and a "
+                    "decode worker, Gbit/s (1 Gbit/s = 125e6 bytes/s); replaces the hardware's or the "
+                    "calibrated link rate, e.g. a run calibrated on one link predicting another")
     ap.add_argument("--json", action="store_true", help="print JSON")
     args = ap.parse_args(argv)
     try:
@@ -79,6 +82,10 @@ def main(argv: list[str] | None = None) -> int:
             model = load_model(args.model or "smollm2-135m", args.dtype)
             hw = hardware(args.hardware or "h100")
         model = replace(model, kv_cache_dtype=args.kv_cache_dtype)
+        if args.link_gbit is not None:
+            if not args.link_gbit > 0:
+                raise ValueError(f"--link-gbit must be > 0 Gbit/s, got {args.link_gbit}")
+            hw = replace(hw, link_bw=args.link_gbit * 1e9 / 8)
         if args.batch_rows is not None and args.batch_rows < 1:
             raise ValueError(f"--batch-rows must be >= 1, got {args.batch_rows}")
         batch_rows = args.batch_rows or (batch_rows_of_run(args.calibrate) if args.calibrate else None) or 16

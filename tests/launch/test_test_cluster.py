@@ -121,7 +121,8 @@ def test_nodes_are_hosts_and_netfault_shapes_cuts_and_loses_them(slurm_cluster):
         assert subprocess.run(["nsenter", "--uts", "-t", slurmd, "hostname"], capture_output=True,
                               text=True).stdout.strip() == node
         assert f"inet 198.18.0.{k}/24" in _in(node, "ip", "-4", "addr", "show", "eth0").stdout
-        assert _in(node, "ip", "route").stdout.strip() == f"198.18.0.0/24 dev eth0 proto kernel scope link src 198.18.0.{k}"
+        route = f"198.18.0.0/24 dev eth0 proto kernel scope link src 198.18.0.{k}"
+        assert _in(node, "ip", "route").stdout.strip() == route  # no route out of the bridge
 
     a, b, b_addr = "pd-node1", "pd-node2", "198.18.0.2"
     server = subprocess.Popen(["ip", "netns", "exec", b, "iperf3", "-s", "-p", "5201"],
@@ -174,3 +175,29 @@ def _pids(node: str) -> list[str]:
 def _slurmd_start_time(node: str) -> str:
     out = subprocess.run(["scontrol", "show", "node", node], capture_output=True, text=True).stdout
     return out.split("SlurmdStartTime=")[1].split()[0]
+
+
+def _on_node(node: str, code: str) -> subprocess.CompletedProcess:
+    """Python ``code`` run on ``node`` as its workers run there (its namespace, host name, hosts
+    file), from the repository root."""
+    return subprocess.run(["bash", "-c", f'. slurm/testnet.sh && in_node {node} "$0" -c "$1"', sys.executable, code],
+                          cwd=ROOT, capture_output=True, text=True, timeout=120)
+
+
+def test_a_node_whose_name_resolves_to_loopback_advertises_its_link(slurm_cluster):
+    """Each node's /etc/hosts is Debian's (its own name on 127.0.1.1): a worker there advertises
+    its link's address, or, with two candidate interfaces, refuses with a message naming them."""
+    code = "from pipeline.runtime.net import node_address; print(node_address())"
+    p = _on_node("pd-node1", "import socket; print(socket.gethostbyname(socket.gethostname())); " + code)
+    assert p.stdout.split() == ["127.0.1.1", "198.18.0.1"], p.stderr
+    assert "resolves to 127.0.1.1" in p.stderr
+    subprocess.run(["ip", "-n", "pd-node1", "link", "add", "pdx0", "type", "veth", "peer", "name", "pdx1"], check=True)
+    try:
+        for dev, addr in (("pdx0", "198.19.0.1/24"), ("pdx1", "198.19.0.2/24")):
+            subprocess.run(["ip", "-n", "pd-node1", "addr", "add", addr, "dev", dev], check=True)
+            subprocess.run(["ip", "-n", "pd-node1", "link", "set", dev, "up"], check=True)
+        p = _on_node("pd-node1", code)
+        assert p.returncode != 0
+        assert "set transport.interface" in p.stderr and "eth0 198.18.0.1" in p.stderr and "pdx0 198.19.0.1" in p.stderr
+    finally:
+        subprocess.run(["ip", "-n", "pd-node1", "link", "del", "pdx0"], capture_output=True)
