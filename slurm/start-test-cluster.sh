@@ -50,19 +50,12 @@ fi
 
 alive() { local pid; pid=$(cat "$1" 2>/dev/null) && kill -0 "$pid" 2>/dev/null; }
 
-# Run daemon NAME ("$@", which forks into the background and returns) with stdin from
-# /dev/null, stdout and stderr appended to $STATE/NAME.out, and no other file descriptor of
-# this script or its caller: a lock or pipe held around this script must not stay held for
-# as long as the daemon runs (munged keeps whatever it inherits).
+# Run daemon NAME ("$@", which forks into the background and returns) detached
+# (testnet.sh's run_detached: no file of this script or its caller held open, output appended to
+# $STATE/NAME.out); stop here when it fails to start.
 start_daemon() {
-    local name=$1 fd; shift
-    (
-        for fd in /proc/$BASHPID/fd/*; do
-            fd=${fd##*/}
-            case $fd in 0|1|2) ;; *) eval "exec $fd>&-" ;; esac
-        done
-        exec "$@" </dev/null >>"$STATE/$name.out" 2>&1
-    ) || {
+    local name=$1; shift
+    run_detached "$STATE/$name.out" "$@" || {
         echo "start-test-cluster: $name did not start ($*); $STATE/$name.out:" >&2
         tail -n 20 "$STATE/$name.out" >&2 || true
         exit 1

@@ -81,17 +81,23 @@ table inet pdfault {
 NFT
 }
 
-# Start node $1's slurmd inside it, detached, with no file of the caller held open.
-start_slurmd() {
-    local node=$1 fd
+# Run "$@" (a daemon, which forks into the background and returns) with stdin from /dev/null,
+# stdout and stderr appended to file $1, and no other file descriptor of this script or its
+# caller: a lock or pipe held around the script must not stay held for as long as the daemon
+# runs (munged keeps whatever it inherits).
+run_detached() {
+    local log=$1 fd; shift
     (
         for fd in /proc/$BASHPID/fd/*; do
             fd=${fd##*/}
             case $fd in 0|1|2) ;; *) eval "exec $fd>&-" ;; esac
         done
-        in_node "$node" slurmd -N "$node" </dev/null >>"$STATE/slurmd-$node.out" 2>&1
+        "$@" </dev/null >>"$log" 2>&1   # not exec: "$@" may be a function (in_node)
     )
 }
+
+# Start node $1's slurmd inside it, detached.
+start_slurmd() { run_detached "$STATE/slurmd-$1.out" in_node "$1" slurmd -N "$1"; }
 
 # Kill every process inside node $1's namespace with SIGKILL (as on power loss).
 kill_node_processes() {
