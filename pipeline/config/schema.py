@@ -1,9 +1,8 @@
 """Typed configuration: one dataclass per Hydra config group, registered in Hydra's ConfigStore.
 
-Hydra type-checks every YAML file and command-line override against these classes, so a wrong
-key or a value of the wrong type fails when the config is composed. ``__post_init__`` checks the
-values whose range a type cannot express; it runs when :func:`pipeline.config.compose` turns the
-composed config into these objects.
+Hydra type-checks every YAML file and command-line override against these classes, so a wrong key
+or a value of the wrong type fails when the config is composed. ``__post_init__`` checks values whose
+range a type cannot express, when :func:`pipeline.config.compose` turns the config into these objects.
 """
 
 from __future__ import annotations
@@ -231,10 +230,6 @@ class ClusterConfig:
     ``decode_cpus`` when set (a core list such as ``"0"`` or ``"0,1"``); otherwise
     ``cpu_bind=partition`` splits this machine's cores between local workers and ``auto`` leaves
     it to vLLM (right on a cluster, where Slurm confines each task).
-
-    Each pool may have its own Slurm partition (``prefill_partition``, ``decode_partition``, each
-    falling back to ``partition``): prefill holds no state a requeue loses, so it can run on
-    preemptible (spot) capacity, and decode on reserved capacity.
     """
 
     name: str = MISSING
@@ -243,10 +238,9 @@ class ClusterConfig:
     prefill_cpus: Optional[str] = None
     decode_cpus: Optional[str] = None
     timeout_min: int = 120  # minutes a worker may run (Slurm: the time limit)
-    # -- Slurm --
-    partition: Optional[str] = None
-    prefill_partition: Optional[str] = None  # the prefill/colocated array's partition; null: partition
-    decode_partition: Optional[str] = None  # the decode job's partition; null: partition
+    partition: Optional[str] = None  # -- Slurm: this and the settings below --
+    prefill_partition: Optional[str] = None  # the prefill/colocated array's (spot capacity); null: partition
+    decode_partition: Optional[str] = None  # the decode job's (reserved capacity); null: partition
     account: Optional[str] = None
     qos: Optional[str] = None
     constraint: Optional[str] = None  # node feature(s), e.g. "ib" for InfiniBand nodes
