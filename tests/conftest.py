@@ -109,9 +109,12 @@ def assert_across_hosts(run_dir: Path, output: Path, sent_before: dict[str, int]
     """Check, from what the workers did, that a disaggregated run on the multi-node test Slurm
     ran across hosts: every row with KV was prefilled on one node and decoded on another; every
     decode endpoint published is that node's own bridge address (198.18.0.K on pd-nodeK, the
-    cluster's addressing: never loopback); and the prefill nodes sent at least the run's
+    cluster's addressing: never loopback); and the prefill nodes sent at least half the run's
     ``kv_bytes`` over their links since ``sent_before`` (:func:`node_bytes_sent`): the KV went
-    over the network, not through shared memory, which namespaces on one host could use."""
+    over the network, not through shared memory, which namespaces on one host use by default
+    (0 bytes on the link, measured). Half, not all: in a pull run with ``n`` > 1 samples the
+    links carried 19.4 MB for a counted 24.0 MB (rows' ``kv_bytes`` are tokens x bytes per token,
+    not bytes on the wire); push runs carried more than they counted."""
     from pipeline.io.metrics import read_request_metrics
 
     rows = [r for f in sorted(output.rglob("*.parquet")) for r in pq.read_table(f).to_pylist()]
@@ -129,5 +132,5 @@ def assert_across_hosts(run_dir: Path, output: Path, sent_before: dict[str, int]
     kv_bytes = sum(read_request_metrics(run_dir).column("kv_bytes").to_pylist())
     after = node_bytes_sent()
     sent = sum(after[n] - sent_before.get(n, 0) for n in PREFILL_NODES)
-    assert kv_bytes > 0 and sent >= kv_bytes, \
+    assert kv_bytes > 0 and sent >= kv_bytes / 2, \
         f"prefill nodes sent {sent} B over their links, the run's KV is {kv_bytes} B"
