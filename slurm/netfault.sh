@@ -110,7 +110,6 @@ case $ACTION in
         clear_shape
         ;;
     show)
-        ip -n "$NODE" -s -br link show eth0 2>/dev/null || true
         ip -n "$NODE" -s link show eth0
         ip netns exec "$NODE" tc qdisc show dev eth0
         tc qdisc show dev "$VETH"

@@ -91,17 +91,20 @@ if command -v sinfo >/dev/null && [ -f "$CONF" ] && healthy; then
 fi
 
 # --- packages (only if missing) -------------------------------------------
-if ! command -v slurmctld >/dev/null || ! command -v slurmd >/dev/null \
-   || ! command -v munged >/dev/null || ! command -v sbatch >/dev/null; then
-    export DEBIAN_FRONTEND=noninteractive
-    apt-get update -qq
-    apt-get install -y -qq --no-install-recommends slurm-wlm munge >/dev/null
+# One apt-get for whatever is missing; several nodes also need nftables (netfault.sh's cuts
+# and loss) and iperf3 (to measure a link).
+missing=()
+for cmd in slurmctld slurmd munged sbatch; do
+    command -v "$cmd" >/dev/null || { missing+=(slurm-wlm munge); break; }
+done
+if [ "$NODES" -gt 1 ]; then
+    command -v nft >/dev/null || missing+=(nftables)
+    command -v iperf3 >/dev/null || missing+=(iperf3)
 fi
-# Several nodes: nftables for netfault.sh's cuts and loss, iperf3 to measure a link.
-if [ "$NODES" -gt 1 ] && { ! command -v nft >/dev/null || ! command -v iperf3 >/dev/null; }; then
+if [ ${#missing[@]} -gt 0 ]; then
     export DEBIAN_FRONTEND=noninteractive
     apt-get update -qq
-    apt-get install -y -qq --no-install-recommends nftables iperf3 >/dev/null
+    apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
 
 # Anything left over (stale or half-started daemons) goes first.

@@ -112,14 +112,15 @@ def node_address() -> str:
     found = {iface: a.address for iface, addrs in psutil.net_if_addrs().items()
              if iface in stats and stats[iface].isup
              for a in addrs if a.family == socket.AF_INET and not _is_loopback(a.address)}
-    why = f"host name {name!r} resolves to {resolved}" if resolved else f"host name {name!r} does not resolve"
+    why = (f"host name {name!r} resolves to {resolved}, a loopback address peers on other nodes cannot reach"
+           if resolved else f"host name {name!r} does not resolve")
     if len(found) == 1:
         (iface, address), = found.items()
-        log.warning("%s (a loopback address peers cannot reach); advertising %s of %s instead "
-                    "(transport.interface=%s says so explicitly)", why, address, iface, iface)
+        log.warning("%s; advertising %s of %s instead (transport.interface=%s says so explicitly)",
+                    why, address, iface, iface)
         return address
     have = ", ".join(f"{i} {a}" for i, a in sorted(found.items())) or "none up"
-    raise ValueError(f"{why}, which peers on other nodes cannot reach, and this node has "
+    raise ValueError(f"{why}, and this node has "
                      f"{'several' if found else 'no'} other IPv4 interfaces ({have}): set "
                      f"transport.interface (e.g. ib0) or transport.host")
 
