@@ -99,6 +99,7 @@ class PrefillHandoff:
         if local:
             return await self._serve_local(p, sampling, need)
         capacity_wait = 0.0
+        tried: set[int] = set()  # decode ranks this row was sent to: a retry prefers another
         for n in range(self.policy.tries):
             rid = request_id(p.row_key, n)
             route = p.prefix_key if n == 0 else None
@@ -106,7 +107,7 @@ class PrefillHandoff:
             if self.dram:
                 t_wait = time.time()
                 try:
-                    rank, pool = await self._reserve(p, rid, need, route)
+                    rank, pool = await self._reserve(p, rid, need, route, tried)
                 except self.policy.RETRIED as exc:
                     if not self.policy.again(n, p.row_key, exc, "reserving again"):
                         raise
@@ -125,7 +126,8 @@ class PrefillHandoff:
                     row_key=p.row_key, request_id=rid, prefill_worker=self.worker, attempt=self.attempt,
                     prompt_token_ids=p.token_ids, sampling=dataclasses.asdict(sampling),
                     kv_transfer_params=pre.kv_transfer_params, prefill_done_at=t_prefilled, lora=p.lora),
-                    wait_s=self.cfg.transport.connect_timeout_s, route=route, rank=rank, kv_tokens=need)
+                    wait_s=self.cfg.transport.connect_timeout_s, route=route, rank=rank, kv_tokens=need,
+                    tried=tried)
             except self.policy.RETRIED as exc:
                 # The KV this prefill produced is gone with that decode worker (or never
                 # arrived): prefill again and hand off to a live one.
@@ -147,6 +149,7 @@ class PrefillHandoff:
         no prefill on this worker, no KV hand-off, ``kv_tokens`` 0); served again on a lost
         decode worker like any row."""
         t0 = time.time()
+        tried: set[int] = set()
         for n in range(self.policy.tries):
             rid = request_id(p.row_key, n)
             try:
@@ -155,7 +158,7 @@ class PrefillHandoff:
                     prompt_token_ids=p.token_ids, sampling=dataclasses.asdict(sampling), kv_transfer_params={},
                     prefill_done_at=t0, lora=p.lora),
                     wait_s=self.cfg.transport.connect_timeout_s, route=p.prefix_key if n == 0 else None,
-                    kv_tokens=need)
+                    kv_tokens=need, tried=tried)
             except self.policy.RETRIED as exc:
                 if not self.policy.again(n, p.row_key, exc):
                     raise
@@ -169,10 +172,12 @@ class PrefillHandoff:
             logprobs=res.logprobs, cumulative_logprob=res.cumulative_logprob, others=res.others,
             samples=self.samples)
 
-    async def _reserve(self, p: Prompt, rid: str, need: int, route: str | None) -> tuple[int, dict[str, Any]]:
+    async def _reserve(self, p: Prompt, rid: str, need: int, route: str | None,
+                       tried: set[int]) -> tuple[int, dict[str, Any]]:
         return await self.router.reserve(Reserve(
             row_key=p.row_key, request_id=rid, prefill_worker=self.worker, attempt=self.attempt,
-            blocks=-(-len(p.token_ids) // self.block_size)), need, self.cfg.transport.connect_timeout_s, route)
+            blocks=-(-len(p.token_ids) // self.block_size)), need, self.cfg.transport.connect_timeout_s, route,
+            tried)
 
     async def _prefill(self, p: Prompt, rid: str, kv_params: dict[str, Any], rank: int | None) -> Streamed:
         """The 1-token prefill; gives back the row's DRAM-tier reservation if it fails.

@@ -150,7 +150,10 @@ class DecodeRouter:
                 f"the prompt's KV ({prompt_tokens} tokens) exceeds the largest decode worker's DRAM tier "
                 f"({max(dram)} tokens); raise offload.dram_gib")
 
-    async def _pick(self, wait_s: float, route: str | None = None, kv_tokens: int = 0) -> int:
+    async def _pick(self, wait_s: float, route: str | None = None, kv_tokens: int = 0,
+                    tried: set[int] | None = None) -> int:
+        """A live worker for a request of ``kv_tokens`` tokens (see :meth:`handoff`); one not in
+        ``tried`` (the ranks this row already failed on) while such a one fits."""
         deadline = time.monotonic() + wait_s
         while True:
             # Live workers big enough for this request (a worker of unknown size counts as one).
@@ -167,6 +170,9 @@ class DecodeRouter:
                 await asyncio.wait_for(self.changed.wait(), left)
             except asyncio.TimeoutError:
                 pass
+        # A retried row goes to another worker when one fits: the worker it failed on may be the
+        # cause (its NIXL handshake timed out, its link is cut) and would fail it again.
+        fits = (fits - (tried or set())) or fits
         if route is not None:
             # Prefix-aware: the same prefix always meets the same live worker (rendezvous
             # hashing: when a worker dies, only its prefixes move), whose prefix cache then
@@ -177,9 +183,10 @@ class DecodeRouter:
             return min(fits, key=lambda r: ((self.inflight_tokens.get(r, 0) + kv_tokens) / self.capacity[r], r))
         return min(fits, key=lambda r: (len(self.inflight.get(r, {})), r))
 
-    async def reserve(self, r: Reserve, kv_tokens: int, wait_s: float, route: str | None = None) -> tuple[int, dict]:
+    async def reserve(self, r: Reserve, kv_tokens: int, wait_s: float, route: str | None = None,
+                      tried: set[int] | None = None) -> tuple[int, dict]:
         """Reserve ``r.blocks`` slots of a decode worker's DRAM tier for ``r.request_id``, on the
-        worker the request would be handed to (see :meth:`handoff`). Waits while the tier is
+        worker the request would be handed to (see :meth:`handoff`, also for ``tried``). Waits while the tier is
         full: this is where a prefill worker waits for decode capacity with ``offload=dram``.
         Returns (the worker's rank, what the prefill engine needs to write there).
 
@@ -190,7 +197,9 @@ class DecodeRouter:
             RuntimeError: the worker could not reserve the slots (its reason).
             TimeoutError: no answer within ``transport.handoff_timeout_s`` seconds.
         """
-        rank = await self._pick(wait_s, route, kv_tokens)
+        rank = await self._pick(wait_s, route, kv_tokens, tried)
+        if tried is not None:
+            tried.add(rank)
         key = ("reserve", r.request_id)
         fut = asyncio.get_running_loop().create_future()
         self.inflight.setdefault(rank, {})[key] = fut
@@ -214,13 +223,15 @@ class DecodeRouter:
             await self.sockets[rank].send(sign(self.secret, encode(Release(request_id=request_id))))
 
     async def handoff(self, h: Handoff, wait_s: float, route: str | None = None, rank: int | None = None,
-                      kv_tokens: int | None = None) -> Result:
+                      kv_tokens: int | None = None, tried: set[int] | None = None) -> Result:
         """Send ``h`` to a live decode worker whose KV cache can hold it (waiting up to ``wait_s``
         seconds for one); return its result. ``route`` (a prompt-prefix key) picks among them by
         hashing; without it the worker with the most free KV is chosen. ``rank``: send to this
         worker (the one holding the request's DRAM-tier reservation) while it is live.
         ``kv_tokens``: the KV the request needs (default prompt + ``max_new_tokens``;
-        :func:`pipeline.roles.handoff.kv_tokens_needed`).
+        :func:`pipeline.roles.handoff.kv_tokens_needed`). ``tried``: the ranks this row was already
+        sent to (and failed on); another live worker that fits is preferred, and the rank chosen
+        is added.
 
         Raises:
             KVTooLarge: no live decode worker's KV cache holds ``kv_tokens`` tokens.
@@ -232,7 +243,9 @@ class DecodeRouter:
         if rank is not None:  # the hand-off claims the reservation: no more renewing
             self.reserved.get(rank, set()).discard(h.request_id)
         if rank is None or rank not in self.live:
-            rank = await self._pick(wait_s, route, need)
+            rank = await self._pick(wait_s, route, need, tried)
+        if tried is not None:
+            tried.add(rank)
         fut = asyncio.get_running_loop().create_future()
         self.inflight.setdefault(rank, {})[h.row_key] = fut
         self.inflight_tokens[rank] = self.inflight_tokens.get(rank, 0) + need

@@ -45,6 +45,28 @@ def test_routes_by_free_kv_not_by_request_count(tmp_path):
     asyncio.run(go())
 
 
+def test_a_retried_row_goes_to_a_worker_it_has_not_failed_on(tmp_path):
+    """Seen on the 4-node test Slurm: one prefill node's NIXL handshake to one decode rank timed
+    out, and the rows it held failed there again on every try while the other rank was idle.
+    A retry prefers a rank the row has not been sent to, by hand: least loaded is rank 0, but
+    the row failed on rank 0, so rank 1; a request only rank 0 can hold still goes to rank 0,
+    and with every fitting rank tried the usual choice stands."""
+    async def go():
+        c = _clients(tmp_path, {0: 16384, 1: 8192})
+        try:
+            assert await c._pick(1, kv_tokens=1000) == 0
+            assert await c._pick(1, kv_tokens=1000, tried={0}) == 1
+            assert await c._pick(1, kv_tokens=9000, tried={0}) == 0
+            assert await c._pick(1, kv_tokens=1000, tried={0, 1}) == 0
+            # Prefix routing yields too: whichever rank the prefix hashes to, a row that failed
+            # there goes to the other.
+            first = await c._pick(1, route="doc-7", kv_tokens=1000)
+            assert await c._pick(1, route="doc-7", kv_tokens=1000, tried={first}) == 1 - first
+        finally:
+            c.close()
+    asyncio.run(go())
+
+
 def test_request_no_worker_can_hold_is_refused_with_the_sizes(tmp_path):
     async def go():
         c = _clients(tmp_path, {0: 8192, 1: 4096})
