@@ -44,17 +44,52 @@ def run_pipeline(*overrides: str, timeout: float = 900, env: dict | None = None)
                           env={**os.environ, **env} if env else None)
 
 
-def _run(tmp_path_factory, name: str, *overrides: str, input_url: str | None = None,
-         file_urls: bool = False) -> Run:
+class PendingRun:
+    """A run started in the background (:func:`start_run`); :meth:`wait` returns its :class:`Run`
+    and fails the test if it failed. Its output goes to files (a pipe left unread would block)."""
+
+    def __init__(self, name: str, base: Path, args: list[str], cpus: set[int] | None):
+        self.name, self.base = name, base
+        self.out, self.err = (base / "stdout.txt").open("w+"), (base / "stderr.txt").open("w+")
+        self.proc = subprocess.Popen([sys.executable, "-m", "pipeline", *args], cwd=ROOT, text=True,
+                                     stdout=self.out, stderr=self.err,
+                                     preexec_fn=(lambda: os.sched_setaffinity(0, cpus)) if cpus else None)
+
+    def wait(self, timeout: float = 900) -> Run:
+        rc = self.proc.wait(timeout)
+        text = []
+        for f in (self.out, self.err):
+            f.seek(0)
+            text.append(f.read())
+            f.close()
+        run = Run(rc, text[0], text[1], self.base / "run", self.base / "output")
+        assert rc == 0, f"run {self.name} failed:\n{text[0]}\n{text[1][-4000:]}"
+        return run
+
+
+def start_run(tmp_path_factory, name: str, *overrides: str, input_url: str | None = None,
+              file_urls: bool = False, cpus: set[int] | None = None) -> PendingRun:
+    """Start a run of the pipeline over ``input_url`` (default the sample) without waiting.
+
+    ``cpus``: the cores the whole run (driver, workers, engines) is confined to. A reference run
+    started beside another run gets the last core (:func:`last_core`): a local disaggregated run
+    pins its prefill engine to the first core and its decode engine to the last, which sits idle
+    while long prompts are prefilled and while engines start."""
     base = tmp_path_factory.mktemp(name)
     out = base / "output"
     args = [*COMMON, f"run.dir={base / 'run'}", *overrides]
     args.append(f"job.input={input_url or SAMPLE}")
     args.append(f"job.output={out.as_uri() if file_urls else out}")
-    p = run_pipeline(*args)
-    run = Run(p.returncode, p.stdout, p.stderr, base / "run", out)
-    assert p.returncode == 0, f"run {name} failed:\n{p.stdout}\n{p.stderr[-4000:]}"
-    return run
+    return PendingRun(name, base, args, cpus)
+
+
+def last_core() -> set[int]:
+    return {max(os.sched_getaffinity(0))}
+
+
+def _run(tmp_path_factory, name: str, *overrides: str, input_url: str | None = None,
+         file_urls: bool = False) -> Run:
+    return start_run(tmp_path_factory, name, *overrides, input_url=input_url, file_urls=file_urls).wait()
 
 
 @pytest.fixture(scope="session")

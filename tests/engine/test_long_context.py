@@ -19,7 +19,7 @@ import sys
 import pytest
 
 from pipeline.io.metrics import read_dram_use, read_request_metrics, read_worker_metrics
-from tests.conftest import ROOT, Run, _run
+from tests.conftest import ROOT, Run, _run, last_core, start_run
 
 sys.path.insert(0, str(ROOT / "tools"))
 from long_prompts import write_prompts, yarn_context  # noqa: E402
@@ -42,19 +42,28 @@ def long_input(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def long_dram_run(tmp_path_factory, long_input) -> Run:
+def long_runs(tmp_path_factory, long_input) -> tuple[Run, Run]:
+    """The DRAM-tier run and, beside it on the core its decode engine leaves idle during the
+    long prefill, the colocated reference."""
+    coloc = start_run(tmp_path_factory, "long16k-colocated", "pools=colocated", "pools.prefill=1", *LONG,
+                      input_url=str(long_input), cpus=last_core())
     # transport.handoff_timeout_s=30: a DRAM-tier reservation no hand-off claims is released
     # after this long unless its prefill worker renews it; the long prefill (a minute or more)
     # outlasts it, so the reservations must be renewed for the rows to be served at the first try.
-    return _run(tmp_path_factory, "long16k-dram", "pools=disaggregated", "offload=dram", "offload.dram_gib=1",
+    dram = _run(tmp_path_factory, "long16k-dram", "pools=disaggregated", "offload=dram", "offload.dram_gib=1",
                 f"model.decode_kv_blocks={DECODE_BLOCKS}", "transport.handoff_timeout_s=30", *LONG,
                 input_url=str(long_input))
+    return dram, coloc.wait()
 
 
 @pytest.fixture(scope="module")
-def long_colocated_run(tmp_path_factory, long_input) -> Run:
-    return _run(tmp_path_factory, "long16k-colocated", "pools=colocated", "pools.prefill=1", *LONG,
-                input_url=str(long_input))
+def long_dram_run(long_runs) -> Run:
+    return long_runs[0]
+
+
+@pytest.fixture(scope="module")
+def long_colocated_run(long_runs) -> Run:
+    return long_runs[1]
 
 
 @pytest.mark.e2e
