@@ -97,7 +97,16 @@ run_detached() {
 }
 
 # Start node $1's slurmd inside it, detached.
-start_slurmd() { run_detached "$STATE/slurmd-$1.out" in_node "$1" slurmd -N "$1"; }
+# The core node $1's processes run on: this machine's cores in turn (node 1 the first, node 2 the
+# next ...), as each real node has cores of its own. Slurm's task/none leaves a job the slurmd's
+# affinity; without this, vLLM's CPU backend binds every node's engine to the same first core.
+node_core() {
+    local cores k
+    read -ra cores <<<"$(python3 -c 'import os; print(*sorted(os.sched_getaffinity(0)))')"
+    k=$(node_index "$1")
+    echo "${cores[$(( (k - 1) % ${#cores[@]} ))]}"
+}
+start_slurmd() { run_detached "$STATE/slurmd-$1.out" in_node "$1" taskset -c "$(node_core "$1")" slurmd -N "$1"; }
 
 # Kill every process inside node $1's namespace with SIGKILL (as on power loss).
 kill_node_processes() {

@@ -26,6 +26,7 @@ pytestmark = pytest.mark.slurm
 START, STOP = ROOT / "slurm" / "start-test-cluster.sh", ROOT / "slurm" / "stop-test-cluster.sh"
 NODES = [f"pd-node{k}" for k in range(1, SLURM_NODES + 1)]
 STATE = Path(os.environ.get("PD_SLURM_STATE", "/var/tmp/pd-slurm"))
+CORES = sorted(os.sched_getaffinity(0))
 PID_FILES = {"munged": Path("/run/munge/munged.pid"), "slurmctld": STATE / "slurmctld.pid",
              **{f"slurmd {n}": STATE / f"slurmd-{n}.pid" for n in NODES}}
 
@@ -120,6 +121,8 @@ def test_nodes_are_hosts_and_netfault_shapes_cuts_and_loses_them(slurm_cluster):
         assert slurmd in _pids(node)
         assert subprocess.run(["nsenter", "--uts", "-t", slurmd, "hostname"], capture_output=True,
                               text=True).stdout.strip() == node
+        # Its own core (this machine's in turn), which its jobs inherit (TaskPlugin=task/none).
+        assert os.sched_getaffinity(int(slurmd)) == {CORES[(k - 1) % len(CORES)]}
         assert f"inet 198.18.0.{k}/24" in _in(node, "ip", "-4", "addr", "show", "eth0").stdout
         route = f"198.18.0.0/24 dev eth0 proto kernel scope link src 198.18.0.{k}"
         assert _in(node, "ip", "route").stdout.strip() == route  # no route out of the bridge
@@ -165,7 +168,9 @@ def test_nodes_are_hosts_and_netfault_shapes_cuts_and_loses_them(slurm_cluster):
     while _slurmd_start_time(lost) == started:  # a fresh slurmd registered with the controller
         assert time.monotonic() < deadline, "the node did not come back"
         time.sleep(1)
-    assert PID_FILES[f"slurmd {lost}"].read_text().split()[0] in _pids(lost)
+    back = PID_FILES[f"slurmd {lost}"].read_text().split()[0]
+    assert back in _pids(lost)
+    assert os.sched_getaffinity(int(back)) == {CORES[(SLURM_NODES - 1) % len(CORES)]}
 
 
 def _pids(node: str) -> list[str]:
