@@ -92,11 +92,25 @@ def _run(tmp_path_factory, name: str, *overrides: str, input_url: str | None = N
     return start_run(tmp_path_factory, name, *overrides, input_url=input_url, file_urls=file_urls).wait()
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _colocated_started(request, tmp_path_factory):
+    """Starts :func:`colocated_run` with the session when a selected test uses it, on the last
+    core, while the quick tests keep the first (pytest runs on one)."""
+    if not any("colocated_run" in item.fixturenames for item in request.session.items):
+        yield None
+        return
+    pending = start_run(tmp_path_factory, "colocated", "pools=colocated", input_url=SAMPLE.as_uri(),
+                        file_urls=True, cpus=last_core())
+    yield pending
+    if pending.proc.poll() is None:  # the session ended before a test waited for it
+        pending.proc.kill()
+        pending.proc.wait()
+
+
 @pytest.fixture(scope="session")
-def colocated_run(tmp_path_factory) -> Run:
+def colocated_run(_colocated_started) -> Run:
     """The baseline: plain vLLM generation, reading and writing through file:// URLs."""
-    return _run(tmp_path_factory, "colocated", "pools=colocated", input_url=SAMPLE.as_uri(),
-                file_urls=True)
+    return _colocated_started.wait()
 
 
 @pytest.fixture(scope="session")

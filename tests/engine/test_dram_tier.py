@@ -18,7 +18,7 @@ from pipeline.io.metrics import read_request_metrics, read_worker_metrics
 sys.path.insert(0, str(ROOT / "tools"))
 from long_prompts import write_long_prompts  # noqa: E402
 
-ROWS, MIN_TOKENS, MAX_TOKENS, NEW_TOKENS = 4, 4000, 5500, 192
+ROWS, MIN_TOKENS, MAX_TOKENS, NEW_TOKENS = 4, 4000, 5500, 96
 DECODE_BLOCKS, BLOCK = 65, 128  # vLLM keeps one block back: 64 x 128 = 8,192 tokens usable
 KV_BYTES_PER_TOKEN = 2 * 30 * 3 * 64 * 4  # SmolLM2-135M in float32: 46,080 B
 LONG = ["model.max_model_len=8192", f"job.sampling.max_new_tokens={NEW_TOKENS}"]
