@@ -7,6 +7,7 @@ import json
 import sys
 import time
 
+from pipeline.io.shards import run_files
 from pipeline.runtime.rundir import RunDir
 
 
@@ -40,7 +41,7 @@ def _end(run: RunDir, start: float) -> float | None:
     finished = [d["finished_at"] for d in run.done().values() if d.get("finished_at", 0) >= start]
     if finished:
         return max(finished)
-    failed = [p.stat().st_mtime for p in (run.path / "failed").rglob("*.json")]
+    failed = [p.stat().st_mtime for p in run_files(run.path / "failed", "*.json", recursive=True)]
     return max(failed) if failed else None
 
 

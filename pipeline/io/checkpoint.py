@@ -13,6 +13,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from pipeline.io.atomic import write_parquet
+from pipeline.io.shards import run_files
 from pipeline.io.output import RowResult, result_schema
 
 
@@ -39,7 +40,7 @@ class RowCheckpoint:
     def load(self) -> dict[int, RowResult]:
         """Finished rows saved by earlier attempts, by row index."""
         out: dict[int, RowResult] = {}
-        for part in sorted(self.directory.glob("part-*.parquet")):
+        for part in run_files(self.directory, "part-*.parquet"):
             for rec in pq.read_table(part).to_pylist():
                 row = rec.pop("row")
                 out[row] = RowResult(**rec)

@@ -84,7 +84,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from pipeline.io.atomic import read_json, write_json, write_parquet
-from pipeline.io.shards import shard_path
+from pipeline.io.shards import run_files, shard_path
 
 if TYPE_CHECKING:
     from pipeline.io.output import RowResult
@@ -172,7 +172,7 @@ def write_request_metrics(run_path: Path, shard: str, records: list[dict[str, An
 
 def read_request_metrics(run_path: Path) -> pa.Table:
     """Every request metrics row of a run (an empty table with the schema when there is none)."""
-    parts = sorted((Path(run_path) / "metrics" / "requests").rglob("part-*.parquet"))
+    parts = run_files(Path(run_path) / "metrics" / "requests", "part-*.parquet", recursive=True)
     if not parts:
         return REQUEST_SCHEMA.empty_table()
     return pa.concat_tables([pq.read_table(p, schema=REQUEST_SCHEMA) for p in parts])
@@ -180,7 +180,7 @@ def read_request_metrics(run_path: Path) -> pa.Table:
 
 def read_worker_metrics(run_path: Path) -> pa.Table:
     """Every worker step row of a run (an empty table with the schema when there is none)."""
-    parts = sorted((Path(run_path) / "metrics" / "workers").glob("*.parquet"))
+    parts = run_files(Path(run_path) / "metrics" / "workers", "*.parquet")
     if not parts:
         return WORKER_SCHEMA.empty_table()
     return pa.concat_tables([pq.read_table(p, schema=WORKER_SCHEMA) for p in parts])
@@ -196,7 +196,7 @@ def read_dram_use(run_path: Path) -> list[dict[str, Any]]:
     """Every decode worker's DRAM-tier use record of a run (see the module docstring), each with
     its ``worker``; empty without the tier."""
     out = []
-    for p in sorted((Path(run_path) / "metrics" / "dram").glob("*.json")):
+    for p in run_files(Path(run_path) / "metrics" / "dram", "*.json"):
         out.append({"worker": p.name.rsplit(".", 2)[0], **read_json(p)})
     return out
 

@@ -109,6 +109,19 @@ def shard_path(base: Path, name: str, suffix: str = "") -> Path:
     return Path(base, *folders, leaf)
 
 
+def run_files(base: Path, pattern: str, *, recursive: bool = False) -> list[Path]:
+    """The run's own files under ``base`` whose names match ``pattern`` (sorted; with
+    ``recursive``, in every folder below): files only, never a temporary (hidden) one.
+
+    Folders under a run directory are named after the user's shards (:func:`shard_path`), and a
+    shard may be named like the run's own files (``part-0.parquet``, ``x.json``): a glob that
+    also returns folders reads such a shard's folder as one more file or dataset (a run over
+    ``part-*.parquet`` shards once reported every request twice). Every reader of the run
+    directory lists through here."""
+    found = base.rglob(pattern) if recursive else base.glob(pattern)
+    return sorted(p for p in found if not p.name.startswith(".") and p.is_file())
+
+
 def read_shard(shard: Shard) -> pa.Table:
     """Read a whole input shard (all columns); for small tables only (the RAG corpus): shard
     owners stream their shards with :func:`iter_batches`."""

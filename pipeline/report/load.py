@@ -25,12 +25,13 @@ def load_run(run_path: str | Path) -> tuple[dict[str, Any], Any, dict[str, Any] 
     import pyarrow as pa
 
     from pipeline.io.metrics import read_request_metrics, read_worker_metrics
+    from pipeline.io.shards import run_files
 
     run = Path(run_path)
     if not run.is_dir():
         raise FileNotFoundError(f"run directory not found: {run}")
     req_dir = run / "metrics" / "requests"
-    if not any(req_dir.rglob("part-*.parquet")):
+    if not run_files(req_dir, "part-*.parquet", recursive=True):
         raise FileNotFoundError(f"no request metrics in {req_dir} (not a run directory, or no row "
                                 f"was served yet)")
     try:

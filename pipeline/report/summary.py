@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 
 from pipeline.io.metrics import busy_seconds
+from pipeline.report.check import check_against_output
 from pipeline.report.load import load_run
 
 STALL_S = 0.060
@@ -154,6 +155,9 @@ def summarize_run(run_path: str | Path, stall_s: float = STALL_S) -> dict[str, A
     - ``workers``: :func:`worker_stats` per worker id; ``busy_fraction`` (worker id -> fraction),
       ``mean_batch_size`` (over every worker's steps with running > 0), ``max_batch_size``,
       ``max_kv_cache_usage`` (0..1, over all workers);
+    - ``checked_against_output``: the served rows' count and tokens against the output shards of
+      every shard done (:func:`pipeline.report.check.check_against_output`: ``shards``,
+      ``mismatches``);
     - ``run_summary``: the launcher's ``summary.json`` (null when absent).
 
     Raises:
@@ -218,6 +222,7 @@ def summarize(run: Path, cols: dict[str, list], workers: Any, run_summary: dict 
         "output_tokens": output_tokens,
         "wall_s": wall,
         "output_tokens_per_s": output_tokens / wall if wall > 0 else None,
+        "checked_against_output": check_against_output(run, cols),
     }
     for name, key in (("ttft", "ttft"), ("itl", "itl")):
         for q in (50, 90, 99):

@@ -18,10 +18,14 @@ def summary_text(report: dict[str, Any]) -> str:
     """A few lines of text with the headline numbers of a report."""
     tps = report["output_tokens_per_s"]
     hit = report["prefix_cache_hit_rate"]
+    wrong = (report.get("checked_against_output") or {}).get("mismatches")
+    counts = (f"error: these figures do not match the output ({'; '.join(wrong)}); see the run's "
+              f"output shards and done markers" if wrong else
+              f"requests {report['requests']} (errors {report['errors']}) | "
+              f"output tokens {report['output_tokens']} | wall {report['wall_s']:.2f} s | "
+              f"{'-' if tps is None else f'{tps:.1f}'} output tok/s")
     lines = [
-        f"{report['mode']} run: requests {report['requests']} (errors {report['errors']}) | "
-        f"output tokens {report['output_tokens']} | wall {report['wall_s']:.2f} s | "
-        f"{'-' if tps is None else f'{tps:.1f}'} output tok/s",
+        f"{report['mode']} run: {counts}",
         f"TTFT p50 {_s(report['ttft_p50_s'])} p99 {_s(report['ttft_p99_s'])} | "
         f"ITL p50 {ms(report['itl_p50_s'])} p99 {ms(report['itl_p99_s'])} "
         f"max {ms(report['itl_max_s'])}",

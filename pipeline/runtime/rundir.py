@@ -25,7 +25,7 @@ from typing import Any
 
 from pipeline.config import Config, from_yaml, to_yaml
 from pipeline.io.atomic import write_json
-from pipeline.io.shards import Shard, shard_path
+from pipeline.io.shards import Shard, run_files, shard_path
 from pipeline.runtime.secret import create_secret, read_secret
 
 
@@ -81,7 +81,7 @@ class RunDir:
 
     def decode_endpoints(self) -> dict[int, dict[str, str]]:
         out = {}
-        for p in sorted((self.path / "decode").glob("rank-*.json")):
+        for p in run_files(self.path / "decode", "rank-*.json"):
             out[int(p.stem.split("-")[1])] = json.loads(p.read_text())
         return out
 
@@ -105,10 +105,9 @@ class RunDir:
     def _markers(self, sub: str) -> dict[str, dict[str, Any]]:
         """The markers under ``RUN_DIR/<sub>/`` by the shard name they record."""
         out = {}
-        for p in sorted((self.path / sub).rglob("*.json")):
-            if not p.name.startswith("."):
-                data = json.loads(p.read_text())
-                out[data["shard"]] = data
+        for p in run_files(self.path / sub, "*.json", recursive=True):
+            data = json.loads(p.read_text())
+            out[data["shard"]] = data
         return out
 
     def failed(self) -> dict[str, dict[str, Any]]:
@@ -127,7 +126,7 @@ class RunDir:
 
     def progress(self) -> list[dict[str, Any]]:
         out = []
-        for p in (self.path / "progress").glob("*.json"):
+        for p in run_files(self.path / "progress", "*.json"):
             try:
                 out.append(json.loads(p.read_text()))
             except (OSError, ValueError):
