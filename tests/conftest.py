@@ -123,7 +123,7 @@ def push_run(tmp_path_factory) -> Run:
 def pull_run(tmp_path_factory) -> Run:
     """1P:1D, decode READs KV from prefill's blocks (NixlConnector), input given as a glob."""
     return _run(tmp_path_factory, "pull", "pools=disaggregated", "transport=nixl_pull",
-                input_url=str(SAMPLE / "shard-*.parquet"))
+                input_url=str(SAMPLE / "part-*.parquet"))
 
 
 # Every Slurm test runs on the multi-node test Slurm (slurm/start-test-cluster.sh --nodes 4):

@@ -54,7 +54,7 @@ def test_rerun_of_finished_job_does_nothing_and_a_changed_config_is_refused(tmp_
     outputs would differ (another max_new_tokens) refuses to mix into it."""
     from tests.conftest import SAMPLE
 
-    shard = SAMPLE / "shard-00000.parquet"
+    shard = SAMPLE / "part-00000.parquet"
     args = ["+job=summarize", f"job.input={shard}", f"run.dir={tmp_path / 'run'}"]
     # Lay out the run directory and mark its only shard done, as a finished run leaves it.
     from pipeline.config import compose

@@ -233,7 +233,7 @@ def _finished_run(tmp_path: Path, *args: str, checkpoint_only: bool = False) -> 
 def test_rerun_with_changed_settings_names_every_one(tmp_path):
     src = tmp_path / "in"
     src.mkdir()
-    shutil.copyfile(SAMPLE / "shard-00000.parquet", src / "shard-00000.parquet")
+    shutil.copyfile(SAMPLE / "part-00000.parquet", src / "part-00000.parquet")
     args = _finished_run(tmp_path, "+job=summarize", f"job.input={src}", f"run.dir={tmp_path / 'run'}")
     assert preflight(compose(args)).resumes
     line = _one_line_error(run_pipeline(
@@ -244,7 +244,7 @@ def test_rerun_with_changed_settings_names_every_one(tmp_path):
                                       "job.too_long", "job.id_column", "job.output"]), line
     assert line.startswith("error: run.dir:"), line
     # A new file in the input folder changes which rows are read.
-    shutil.copyfile(SAMPLE / "shard-00001.parquet", src / "shard-00001.parquet")
+    shutil.copyfile(SAMPLE / "part-00001.parquet", src / "part-00001.parquet")
     with pytest.raises(ConfigError, match=r"changed: job.input \(files\)"):
         preflight(compose(args))
 
@@ -266,7 +266,7 @@ def test_dry_run_prints_the_plan_and_starts_nothing(tmp_path):
                      "--dry-run")
     assert p.returncode == 0, p.stderr
     out = p.stdout
-    assert "shards: 3 (shard-00000.parquet, shard-00001.parquet, shard-00002.parquet)" in out
+    assert "shards: 3 (part-00000.parquet, part-00001.parquet, part-00002.parquet)" in out
     assert "rows: 24" in out and "pools: disaggregated 2P:1D" in out
     assert "prompt tokens: ~" in out and "estimate" in out
     assert "config:" in out and "dry_run: true" in out and "max_new_tokens: 48" in out

@@ -146,7 +146,7 @@ def engine_checks(args, c: Checks, input_dir: Path) -> None:
                   f"model.decode_kv_blocks={args.decode_blocks}")
     if not c.check(p.returncode == 0, "P/D run", f"exit {p.returncode}; log {dram / 'run' / 'logs'}"):
         return
-    shard = "shard-00000.parquet"
+    shard = "part-00000.parquet"
     got = pq.read_table(dram / "out" / shard).to_pylist()
     want = pq.read_table(coloc / "out" / shard).to_pylist()
     same = sum(g["generation_token_ids"] == w["generation_token_ids"] for g, w in zip(got, want))

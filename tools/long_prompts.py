@@ -59,7 +59,7 @@ def write_prompts(out: Path, tokenizer, counts: list[int], shards: int = 1) -> l
     rows = len(counts)
     per = -(-rows // shards)
     for s in range(shards):
-        pq.write_table(pa.Table.from_pylist(recs[s * per:(s + 1) * per]), out / f"shard-{s:05d}.parquet")
+        pq.write_table(pa.Table.from_pylist(recs[s * per:(s + 1) * per]), out / f"part-{s:05d}.parquet")
     return counts
 
 

@@ -51,7 +51,7 @@ def build(out_dir: Path) -> list[Path]:
         rows.append({"id": f"stdlib-{name}", "module": name, "chars": len(doc), "text": doc})
     paths = []
     for i in range(0, len(rows), ROWS_PER_SHARD):
-        path = out_dir / f"shard-{i // ROWS_PER_SHARD:05d}.parquet"
+        path = out_dir / f"part-{i // ROWS_PER_SHARD:05d}.parquet"
         pq.write_table(pa.Table.from_pylist(rows[i : i + ROWS_PER_SHARD]), path)
         paths.append(path)
     return paths

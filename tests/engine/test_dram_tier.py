@@ -62,8 +62,8 @@ def test_decode_cache_cannot_hold_the_batch(dram_run, long_input):
 
 @pytest.mark.e2e
 def test_output_equals_colocated(dram_run, long_colocated_run):
-    got = dram_run.rows("shard-00000.parquet")
-    want = long_colocated_run.rows("shard-00000.parquet")
+    got = dram_run.rows("part-00000.parquet")
+    want = long_colocated_run.rows("part-00000.parquet")
     assert [r["error"] for r in got] == [None] * ROWS
     assert [r["generation_token_ids"] for r in got] == [r["generation_token_ids"] for r in want]
 
@@ -169,6 +169,6 @@ def test_preempted_request_comes_back_from_dram(preempt_run, short_colocated_run
     assert len(back) <= preempted
     assert all(t <= prompts[-1] - 1 and 2 <= c <= P_NEW + 1 for t, c in back), back
     assert sum(s["prompt_tokens_computed"] for s in decode) == P_ROWS
-    got = preempt_run.rows("shard-00000.parquet")
-    want = short_colocated_run.rows("shard-00000.parquet")
+    got = preempt_run.rows("part-00000.parquet")
+    want = short_colocated_run.rows("part-00000.parquet")
     assert [r["generation_token_ids"] for r in got] == [r["generation_token_ids"] for r in want]

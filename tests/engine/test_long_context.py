@@ -80,8 +80,8 @@ def test_long_context_through_the_dram_tier(long_dram_run, long_colocated_run):
     assert long["prompt_tokens"] + NEW_TOKENS <= (DECODE_BLOCKS - 1) * BLOCK < 2 * long["prompt_tokens"]
 
     # Token for token what a colocated engine with the same context generates.
-    got = long_dram_run.rows("shard-00000.parquet")
-    want = long_colocated_run.rows("shard-00000.parquet")
+    got = long_dram_run.rows("part-00000.parquet")
+    want = long_colocated_run.rows("part-00000.parquet")
     assert [r["error"] for r in got] == [None, None]
     assert [r["generation_token_ids"] for r in got] == [r["generation_token_ids"] for r in want]
     assert all(len(r["generation_token_ids"]) > 0 for r in got)

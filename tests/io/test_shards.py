@@ -10,10 +10,10 @@ from tests.conftest import SAMPLE
 
 
 def test_list_shards_directory_glob_file_and_file_url():
-    names = ["shard-00000.parquet", "shard-00001.parquet", "shard-00002.parquet"]
+    names = ["part-00000.parquet", "part-00001.parquet", "part-00002.parquet"]
     assert [s.name for s in list_shards(str(SAMPLE))] == names
     assert [s.name for s in list_shards(SAMPLE.as_uri())] == names
-    assert [s.name for s in list_shards(str(SAMPLE / "shard-0000[12].parquet"))] == names[1:]
+    assert [s.name for s in list_shards(str(SAMPLE / "part-0000[12].parquet"))] == names[1:]
     one = list_shards(str(SAMPLE / names[0]))
     assert [(s.index, s.name) for s in one] == [(0, names[0])]
     assert read_shard(one[0]).num_rows == pq.read_metadata(SAMPLE / names[0]).num_rows

@@ -26,8 +26,8 @@ def test_calibrate_fits_flops_bandwidth_and_link_by_hand(tmp_path):
     # worked by hand; a real run's shards have the same columns).
     row = dict(prompt_tokens=1000, output_tokens=101, queue_s=0.0, prefill_s=1.0, ttft_s=1.5,
                decode_s=10.0, kv_handoff_s=0.5)
-    _shard(tmp_path / "shard-00000.parquet", [row, row, {**row, "ttft_s": 6.5}])
-    _shard(tmp_path / "shard-00001.parquet", [{**row, "queue_s": 0.5, "prefill_s": 2.0, "ttft_s": 2.5},
+    _shard(tmp_path / "part-00000.parquet", [row, row, {**row, "ttft_s": 6.5}])
+    _shard(tmp_path / "part-00001.parquet", [{**row, "queue_s": 0.5, "prefill_s": 2.0, "ttft_s": 2.5},
                                               {"error": "text is null", "output_tokens": 0}])
     hw = calibrate(tmp_path, TOY, "cpu")
     # FLOP/s: 4 prompts x 1.01e10 FLOPs over the prefill busy time: shard 0 [0, 1] (3 rows

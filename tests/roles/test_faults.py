@@ -34,7 +34,7 @@ def test_prefill_waits_for_decode_then_fails_clearly(tmp_path):
 
 @pytest.mark.e2e
 def test_prefill_killed_mid_shard_resumes_on_rerun(tmp_path, colocated_run):
-    shard = "shard-00001.parquet"
+    shard = "part-00001.parquet"
     args = [*COMMON, f"job.input={SAMPLE / shard}", "job.batch_rows=2", "job.checkpoint_rows=2",
             f"run.dir={tmp_path / 'run'}", f"job.output={tmp_path / 'out'}"]
     first = subprocess.Popen([sys.executable, "-m", "pipeline", *args], cwd=ROOT,
@@ -66,7 +66,7 @@ def test_prefill_killed_mid_shard_resumes_on_rerun(tmp_path, colocated_run):
 
 @pytest.mark.e2e
 def test_decode_killed_mid_run_rows_go_to_the_other_decode(tmp_path, colocated_run):
-    shard = "shard-00002.parquet"
+    shard = "part-00002.parquet"
     args = [*COMMON, "pools.decode=2", "transport.decode_dead_after_s=5", "job.batch_rows=4",
             f"job.input={SAMPLE / shard}", f"run.dir={tmp_path / 'run'}", f"job.output={tmp_path / 'out'}"]
     first = subprocess.Popen([sys.executable, "-m", "pipeline", *args], cwd=ROOT,
@@ -100,7 +100,7 @@ def test_kv_transfer_that_fails_is_retried(tmp_path, colocated_run, transport, s
     # transport.kv_timeout_s; with pull it names a prefill engine that does not exist, so vLLM's
     # NIXL handshake fails and the request ends with finish_reason "error" and no tokens (which
     # was once written down as an empty generation without an error). Both are served again.
-    shard = "shard-00000.parquet"
+    shard = "part-00000.parquet"
     args = [*COMMON, f"transport={transport}", "transport.kv_timeout_s=8", "job.batch_rows=4",
             f"job.input={SAMPLE / shard}", f"run.dir={tmp_path / 'run'}", f"job.output={tmp_path / 'out'}"]
     p = run_pipeline(*args, env={"PD_PIPELINE_INJECT_KV_FAULTS": "2"})
@@ -129,7 +129,7 @@ def test_kv_read_that_hangs_fails_in_time_and_is_retried(tmp_path, colocated_run
     # needs the prefill side (shared-memory CMA would read a stopped process's memory anyway).
     # The decode step gives up after transport.kv_timeout_s=3 s; the row is prefilled again once
     # the engine runs again, and the output equals colocated.
-    shard = "shard-00000.parquet"
+    shard = "part-00000.parquet"
     args = [*COMMON, "transport=nixl_pull", "transport.ucx_tls='tcp,self'", "transport.kv_timeout_s=3",
             "job.batch_rows=1", f"job.input={SAMPLE / shard}", f"run.dir={tmp_path / 'run'}",
             f"job.output={tmp_path / 'out'}"]
@@ -152,7 +152,7 @@ def test_no_decode_worker_at_start_fails_clearly_then_reruns(tmp_path, colocated
     # The decode worker starts 900 s late (PD_PIPELINE_INJECT_DECODE_START_DELAY_S); prefill
     # waits transport.connect_timeout_s=5 for it, then the run fails saying why, writing nothing,
     # and stops the late decode worker instead of waiting for it.
-    shard = "shard-00001.parquet"
+    shard = "part-00001.parquet"
     args = [*COMMON, f"job.input={SAMPLE / shard}", f"run.dir={tmp_path / 'run'}",
             f"job.output={tmp_path / 'out'}"]
     p = run_pipeline(*args, "transport.connect_timeout_s=5", timeout=600,

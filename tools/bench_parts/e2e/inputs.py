@@ -62,7 +62,7 @@ def _long_texts(docs: list[tuple[str, str]], targets: list[int], tokenizer: Any,
 
 def build_workloads(work: Path, rows: int, shards: int, long_frac: float, long_tokens: int,
                     max_model_len: int, max_new_tokens: int, tokenizer: Any, long_rows: int = 0) -> dict[str, dict]:
-    """Write ``work/inputs/{uniform,mixed,long}/shard-NNNNN.parquet`` (``rows`` rows over
+    """Write ``work/inputs/{uniform,mixed,long}/part-NNNNN.parquet`` (``rows`` rows over
     ``shards`` shards, ``long_rows`` for *long*; columns ``id``, ``module``, ``kind``
     (short/long), ``text``) and return per workload its directory and prompt-size facts.
 
@@ -116,7 +116,7 @@ def build_workloads(work: Path, rows: int, shards: int, long_frac: float, long_t
                     si += 1
                     kind = "short"
                 recs.append({"id": f"{wl}-{s}-{r}", "module": m, "kind": kind, "text": t})
-            pq.write_table(pa.Table.from_pylist(recs), d / f"shard-{s:05d}.parquet")
+            pq.write_table(pa.Table.from_pylist(recs), d / f"part-{s:05d}.parquet")
         toks = [len(tokenizer(t, add_special_tokens=False)["input_ids"])
                 for p in sorted(d.glob("*.parquet")) for t in pq.read_table(p).column("text").to_pylist()]
         out[wl] = {"dir": str(d), "rows": n_rows, "shards": shards, "text_tokens": toks,
