@@ -62,3 +62,21 @@ def test_duplicate_ids_across_read_batches(tmp_path):
         3: "duplicate id 'a' (first at row 0)", 5: "duplicate id None (first at row 4)",
         6: "duplicate id 'b' (first at row 1)"}
     assert duplicate_id_rows(shard, "absent") == {}
+
+
+def test_run_files_lists_files_only_never_a_shards_folder_or_a_temporary_file(tmp_path):
+    """Issue #30: under a run directory, folders are named after the user's shards, which may be
+    named like the run's own files; only files are the run's, and hidden ones are temporary."""
+    from pipeline.io.atomic import temporary_name
+    from pipeline.io.shards import run_files
+
+    base = tmp_path / "metrics" / "requests"
+    own = [base / "part-0.parquet" / "part-a.parquet", base / "lang=en" / "part-1.parquet" / "part-b.parquet",
+           base / "data.parquet" / "part-00000.parquet" / "part-c.parquet"]
+    for p in own:
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_bytes(b"x")
+    (base / "part-0.parquet" / temporary_name("part-d.parquet")).write_bytes(b"partial")
+    assert run_files(base, "part-*.parquet", recursive=True) == sorted(own)
+    assert run_files(base / "part-0.parquet", "part-*.parquet") == [own[0]]
+    assert run_files(base, "part-*.parquet") == []  # the shards' folders at the top are not files
