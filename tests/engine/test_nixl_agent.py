@@ -27,8 +27,10 @@ def _idle_cores(delay_us: int, name: str, seconds: float = 1.5) -> float:
 
 
 def test_progress_thread_sleeps_instead_of_spinning():
-    spinning = _idle_cores(0, "spin-control")
+    # Ours first: a control agent's spinning progress thread may outlive ``del agent`` for a
+    # moment and would be counted against ours.
     ours = _idle_cores(DEFAULT_PTHR_DELAY_US, "with-delay")
+    spinning = _idle_cores(0, "spin-control")
     # The control shows the measurement sees a spinning thread (a whole core on an idle machine;
     # at least a fifth of one on a busy one); ours stays below 5 % of a core.
     assert spinning > 0.2, f"control agent used only {spinning:.2f} cores: measurement not sensitive"
