@@ -13,8 +13,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from pipeline.io.atomic import write_parquet
-from pipeline.io.shards import run_files
 from pipeline.io.output import RowResult, result_schema
+from pipeline.io.shards import run_files
 
 
 class RowCheckpoint:
