@@ -92,17 +92,10 @@ def _run(tmp_path_factory, name: str, *overrides: str, input_url: str | None = N
     return start_run(tmp_path_factory, name, *overrides, input_url=input_url, file_urls=file_urls).wait()
 
 
-def pytest_collection_modifyitems(config, items):
-    """The quick tests first, then the end-to-end and Slurm ones, each group in its usual order
-    (a stable sort): a failure in seconds shows in seconds, and the session's colocated run
-    (:func:`_colocated_started`) starts on the core the quick tests leave free."""
-    items.sort(key=lambda item: bool(item.get_closest_marker("e2e") or item.get_closest_marker("slurm")))
-
-
 @pytest.fixture(scope="session", autouse=True)
 def _colocated_started(request, tmp_path_factory):
     """Starts :func:`colocated_run` with the session when a selected test uses it, on the last
-    core, while the quick tests (run first) keep the other (pytest runs on one)."""
+    core."""
     if not any("colocated_run" in item.fixturenames for item in request.session.items):
         yield None
         return
