@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import time
 
-from pipeline.engine.build import build_engine
+from pipeline.engine.build import build_engine, stop_engine
 from pipeline.engine.lora import lora_request
 from pipeline.engine.model import load_tokenizer
 from pipeline.engine.steps import StepRecorder
@@ -45,6 +45,6 @@ async def _colocated(run: RunDir, task: int, n_tasks: int, cpus: str | None) -> 
     try:
         await own_shards(run, cfg, shards, worker, load_tokenizer(cfg), serve)
     finally:
-        engine.shutdown()
+        stop_engine(engine)
         recorder.flush()
     return worker

@@ -16,7 +16,7 @@ import zmq
 import zmq.asyncio
 
 from pipeline.config import Config, SamplingConfig
-from pipeline.engine.build import build_engine
+from pipeline.engine.build import build_engine, stop_engine
 from pipeline.engine.kv_layout import kv_capacity_tokens
 from pipeline.engine.lora import lora_request
 from pipeline.engine.model import model_kv_bytes_per_token
@@ -57,7 +57,7 @@ async def _decode(run: RunDir, rank: int, cpus: str | None) -> str:
         await server.serve_forever()
     finally:
         server.close()
-        engine.shutdown()
+        stop_engine(engine)
         recorder.flush()
     return worker
 

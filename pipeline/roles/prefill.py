@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 import time
 
-from pipeline.engine.build import build_engine
+from pipeline.engine.build import build_engine, stop_engine
 from pipeline.engine.model import load_tokenizer, model_kv_bytes_per_token
 from pipeline.engine.steps import StepRecorder
 from pipeline.roles.handoff import PrefillHandoff
@@ -47,6 +47,6 @@ async def _prefill(run: RunDir, task: int, n_tasks: int, cpus: str | None) -> st
     finally:
         if router is not None:
             router.close()
-        engine.shutdown()
+        stop_engine(engine)
         recorder.flush()
     return worker
