@@ -1,6 +1,6 @@
 """vLLM engine arguments reach the engines they are meant for, on real engines and real NIXL.
 
-Two short runs of the sample data with the same settings: model.engine_kwargs for every engine
+Two short runs of one shard of the sample (8 rows, all in flight at once) with the same settings: model.engine_kwargs for every engine
 (max_num_seqs=3, prefix caching off), model.decode_engine_kwargs.max_num_seqs=2 and
 model.prefill_engine_kwargs.enable_prefix_caching=true for their pools. What each engine ran with
 is read from its per-step metrics (pipeline.io.metrics.read_worker_metrics): the most requests
@@ -15,7 +15,7 @@ import pytest
 from pipeline.io.metrics import read_worker_metrics
 from tests.conftest import SAMPLE, Run, _run
 
-SHARDS = sorted(p.name for p in SAMPLE.glob("*.parquet"))
+SHARDS = ["part-00000.parquet"]
 KWARGS = [
     "job.sampling.max_new_tokens=16", "model.seed=1234",
     "model.engine_kwargs.max_num_seqs=3", "model.engine_kwargs.enable_prefix_caching=false",
@@ -34,15 +34,17 @@ def _by_role(run: Run) -> dict[str, tuple[int, int]]:
 
 @pytest.mark.e2e
 def test_engine_kwargs_reach_their_pools(tmp_path_factory):
-    colocated = _run(tmp_path_factory, "kwargs-colocated", "pools=colocated", *KWARGS)
-    disagg = _run(tmp_path_factory, "kwargs-disagg", "pools=disaggregated", "transport=nixl_push", *KWARGS)
+    shard = str(SAMPLE / SHARDS[0])
+    colocated = _run(tmp_path_factory, "kwargs-colocated", "pools=colocated", *KWARGS, input_url=shard)
+    disagg = _run(tmp_path_factory, "kwargs-disagg", "pools=disaggregated", "transport=nixl_push", *KWARGS,
+                  input_url=shard)
 
     # Checking the arguments imports vLLM in the launcher; the launcher still exits cleanly (its
     # submitit jobs were once kept alive by vLLM's import until shutdown, where their __del__ failed).
     for run in (colocated, disagg):
         assert "Exception ignored" not in run.stderr, run.stderr[-2000:]
 
-    # Colocated engines take model.engine_kwargs only: 3 at once (job.batch_rows=16 are in
+    # Colocated engines take model.engine_kwargs only: 3 at once (the shard's 8 rows are in
     # flight), prefix caching off; neither pool's own dict reached them.
     assert _by_role(colocated) == {"colocated": (3, 0)}, _by_role(colocated)
     roles = _by_role(disagg)
