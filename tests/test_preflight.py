@@ -331,3 +331,48 @@ def test_case_10_taken_ports_fail_at_start_naming_port_and_setting(tmp_path):
     finally:
         for s in holders:
             s.close()
+
+
+# -- KV room for one request ------------------------------------------------------------------------
+# SmolLM2-135M by hand (its config.json): 2 (K and V) x 30 layers x 3 KV heads x 64 head dim = 11,520
+# elements per token, 46,080 B in float32; vLLM's CPU blocks are 128 tokens.
+FP32_TOKEN, BLOCK = 2 * 30 * 3 * 64 * 4, 128
+
+
+def _kv_check(*overrides: str) -> None:
+    from pipeline.preflight.engine_args import local_model
+    from pipeline.preflight.kv_fit import check_kv_fits
+
+    cfg = compose(["+job=summarize", "model.dtype=float32", *overrides])
+    model = local_model(cfg)
+    if model is None:
+        pytest.skip("the bundled model is not converted here (tools/setup.sh)")
+    check_kv_fits(cfg, model)
+
+
+def test_kv_room_for_one_request_is_checked_at_start_against_the_hand_count(tmp_path):
+    # 8,192 tokens = 64 blocks x 128 x 46,080 B = 377,487,360 B = 0.3516 GiB of KV cache per engine.
+    need = 64 * BLOCK * FP32_TOKEN
+    assert need / 2**30 == pytest.approx(0.3516, abs=1e-4)
+    _kv_check("model.max_model_len=8192", "model.kv_cache_gib=0.36")
+    with pytest.raises(ConfigError, match=r"model.kv_cache_gib=0.35 .* model.max_model_len=8192 .* 0.352 GiB"):
+        _kv_check("model.max_model_len=8192", "model.kv_cache_gib=0.35")
+    # Colocated engines too; GPU workers size their cache from the device, so only vLLM knows.
+    with pytest.raises(ConfigError, match="per colocated engine"):
+        _kv_check("pools=colocated", "model.max_model_len=8192", "model.kv_cache_gib=0.35")
+    _kv_check("model.max_model_len=8192", "model.kv_cache_gib=0.35", "cluster.gpus_per_task=1")
+    # Decode blocks: vLLM keeps one back, so 4,096 tokens need 32 + 1 (the DRAM tier test's 65
+    # blocks hold 8,192 on real vLLM); 128 + 1 with 32-token blocks.
+    _kv_check("model.decode_kv_blocks=33")
+    with pytest.raises(ConfigError, match=r"model.decode_kv_blocks=32 holds 3968 tokens.*at least 33 blocks"):
+        _kv_check("model.decode_kv_blocks=32")
+    with pytest.raises(ConfigError, match="at least 129 blocks"):
+        _kv_check("model.decode_kv_blocks=64", "model.block_size=32")
+    # The DRAM tier: 32 slots of 128 x 46,080 = 5,898,240 B = 0.1758 GiB for 4,096 tokens.
+    _kv_check("offload=dram", "offload.dram_gib=0.18")
+    with pytest.raises(ConfigError, match=r"offload.dram_gib=0.17 holds 30 KV blocks .* fewer than the 32"):
+        _kv_check("offload=dram", "offload.dram_gib=0.17")
+    # From the command line: one line, exit 2, before anything starts.
+    line = _refused("model.max_model_len=8192", "model.kv_cache_gib=0.1", f"run.dir={tmp_path / 'run'}")
+    assert "model.kv_cache_gib=0.1" in line and "model.max_model_len=8192" in line and "model.dtype=bfloat16" in line
+    assert not (tmp_path / "run").exists()

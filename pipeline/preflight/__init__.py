@@ -23,13 +23,16 @@ status 2 from ``python -m pipeline``) naming the setting:
 - vLLM engine arguments (``model.engine_kwargs`` and the per-pool dicts): known fields, not
   owned by the pipeline, values vLLM accepts, prefill and decode agreeing on the KV layout
   (:mod:`.engine_args`);
+- KV room: one request of ``model.max_model_len`` tokens fits in each engine's KV cache
+  (``model.kv_cache_gib``, CPU workers), in ``model.decode_kv_blocks`` and in the DRAM tier
+  (``offload.dram_gib``), with the size it needs (:mod:`.kv_fit`);
 - a fixed ``transport.base_port`` whose ports are taken on this host (local runs).
 
 The :class:`Plan` it returns says what would run (``--dry-run`` prints :meth:`Plan.describe`).
 Unknown keys, ``+key=value`` included, are refused earlier, by :func:`pipeline.config.compose`.
 
 Modules: ``locations`` (places and fsspec), ``inputs`` (templates and the input's schema),
-``rerun`` (a re-run into a run directory with results).
+``rerun`` (a re-run into a run directory with results), ``kv_fit`` (KV room for one request).
 """
 
 from __future__ import annotations
@@ -46,8 +49,9 @@ from pipeline.io import formats
 from pipeline.io.shards import Shard
 from pipeline.model.resolve import cache_dir
 from pipeline.runtime.net import check_ports_free
-from pipeline.preflight.engine_args import check_engine_args
+from pipeline.preflight.engine_args import check_engine_args, local_model
 from pipeline.preflight.inputs import check_columns, check_templates, read_footers
+from pipeline.preflight.kv_fit import check_kv_fits
 from pipeline.preflight.locations import check_overlap, check_writable, filesystem, list_input, one_line
 from pipeline.preflight.rerun import RESULT_KEYS, check_rerun, rerun_changes
 
@@ -136,10 +140,13 @@ def preflight(cfg: Config, run_dir: Path | None = None) -> Plan:
             be read or written, or where an output is or lies inside an input; no Parquet
             shard in ``job.input``; a text column missing or not text in a shard; input
             columns named like output columns; a re-run into ``run.dir`` that changes settings
-            its results depend on; a fixed ``transport.base_port`` whose ports are taken here.
+            its results depend on; a fixed ``transport.base_port`` whose ports are taken here;
+            a KV cache, ``model.decode_kv_blocks`` or DRAM tier too small for one request of
+            ``model.max_model_len`` tokens (:mod:`pipeline.preflight.kv_fit`).
     """
     check_templates(cfg)
     check_engine_args(cfg)
+    check_kv_fits(cfg, local_model(cfg))
     for key, value in (("run.dir", cfg.run.dir), ("run.root", cfg.run.root)):
         if value and fsspec.core.split_protocol(value)[0] is not None:
             raise ConfigError(f"{key}: {value} must be a plain path on a file system every worker sees, not a URL")

@@ -151,7 +151,7 @@ def _check_with_fields(cfg: Config) -> None:
             _check_role_settings(cfg, role)
         if cfg.pools.mode != "colocated":
             _check_kv_shared(cfg, fields)
-        model = _local_model(cfg)
+        model = local_model(cfg)
         if model is not None and fields is not None:
             for role in roles:
                 _check_with_vllm(cfg, role, model)
@@ -227,7 +227,7 @@ def _check_with_vllm(cfg: Config, role: Role, model: str) -> None:
         raise ConfigError(f"{settings}: vLLM refuses the {role} engines' arguments: {_message(exc)}") from None
 
 
-def _local_model(cfg: Config) -> str | None:
+def local_model(cfg: Config) -> str | None:
     """The model directory when it is on this machine already, else None."""
     if cfg.model.path:
         return cfg.model.path if os.path.isdir(cfg.model.path) else None

@@ -17,7 +17,7 @@ from pipeline.config import ConfigError, compose
 from pipeline.engine.build import (
     OWNED, ROLE_DEFAULTS, ROLE_SETTINGS, engine_kwargs, pipeline_engine_kwargs, role_engine_kwargs, user_engine_kwargs,
 )
-from pipeline.preflight.engine_args import KV_SHARED, _local_model, check_engine_args
+from pipeline.preflight.engine_args import KV_SHARED, local_model, check_engine_args
 from tests.conftest import ROOT, SAMPLE, run_pipeline
 from tests.test_cli_errors import _one_line_error
 
@@ -177,7 +177,7 @@ def test_accepted(overrides):
 def test_vllm_own_validation_refuses_what_an_engine_would():
     """Values of the right type that vLLM's configs refuse (create_engine_config, no engine)."""
     cfg = _cfg()
-    if _local_model(cfg) is None:
+    if local_model(cfg) is None:
         pytest.skip("the bundled model is not converted here (python -m pipeline converts it on a first run)")
     line = _refused("model.engine_kwargs.max_num_seqs=0")
     assert line.startswith("model.engine_kwargs / model.prefill_engine_kwargs: vLLM refuses the prefill engines' "
