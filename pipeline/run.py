@@ -10,6 +10,7 @@ from pathlib import Path
 from pipeline.config import Config
 from pipeline.io.atomic import write_json
 from pipeline.preflight import Plan, preflight
+from pipeline.report.text import stalls_text
 from pipeline.runtime.rundir import RunDir
 from pipeline.launch.watch import Jobs, watch
 
@@ -48,7 +49,7 @@ def _latency_line(r: dict) -> str:
     def ms(key: str) -> str:
         return "-" if r.get(key) is None else f"{1000 * r[key]:.0f} ms"
     return (f"TTFT p50 {ms('ttft_p50_s')}, p99 {ms('ttft_p99_s')} | ITL p50 {ms('itl_p50_s')}, "
-            f"p99 {ms('itl_p99_s')}, max {ms('itl_max_s')} | stalls > {1000 * r['stall_threshold_s']:.0f} ms: {r['stalls']}")
+            f"p99 {ms('itl_p99_s')}, max {ms('itl_max_s')} | {stalls_text(r, 'run.stall_ms')}")
 
 
 class RunHandle:
@@ -172,7 +173,7 @@ def _report(run: RunDir) -> dict | None:
     from pipeline.report.write import write_report
 
     try:
-        r = write_report(run.path)
+        r = write_report(run.path, stall_s=run.config().run.stall_ms / 1e3)
     except (OSError, ValueError) as exc:
         print(f"warning: no run report: {exc}", file=sys.stderr)
         return None

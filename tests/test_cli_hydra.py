@@ -79,6 +79,7 @@ def test_cfg_job_prints_the_composed_config_and_starts_nothing(tmp_path):
     ("+model.bogus=1", "model.bogus"),
     ("job.sampling.temperature=0,0.7", "-m"),  # a sweep without -m
     ("job.sampling.temperature=0,", "job.sampling.temperature=0,"),  # not Hydra's grammar
+    ("run.stall_ms=0", "run.stall_ms"),
 ])
 def test_a_bad_override_in_cfg_is_one_line_exit_2(override, words):
     assert words in _one_line_error(run_pipeline("--cfg", "job", "+job=summarize", override))

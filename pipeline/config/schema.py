@@ -370,6 +370,13 @@ class RunConfig:
     report: bool = True  # write RUN_DIR/report (report.json and PNG plots) when a waited-for run ends
     wait: Optional[bool] = None  # wait for the end; null: yes locally, no on Slurm
     dry_run: bool = False  # check everything and print what would run; start nothing
+    # An ITL gap longer than this (milliseconds) is a stall in the run's report (the seeds' 60 ms:
+    # a pause a streaming reader notices). On hardware whose every decode step is slower, the
+    # report says so instead of counting steps.
+    stall_ms: float = 60.0
+
+    def __post_init__(self) -> None:
+        _check(self.stall_ms > 0, "run.stall_ms", f"must be > 0, got {self.stall_ms}")
 
 
 @dataclass

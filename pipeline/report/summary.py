@@ -238,6 +238,9 @@ def summarize(run: Path, cols: dict[str, list], workers: Any, run_summary: dict 
         "kv_tokens": _sum_int(cols, "kv_tokens"),
         "stalls": int(sum(stall_counts)),
         "requests_with_stalls": int(sum(1 for c in stall_counts if c)),
+        # The run's median ITL above the threshold: most steps are "stalls", the count says
+        # nothing (pipeline.report.text.stalls_text says so instead of printing it).
+        "itl_p50_above_stall_threshold": bool(out["itl_p50_s"] is not None and out["itl_p50_s"] > stall_s),
         "prefix_cached_tokens": cached,
         "prefix_cache_hit_rate": cached / prompt_tokens if prompt_tokens else None,
         "workers": ws,

@@ -14,8 +14,21 @@ def _s(x: float | None) -> str:
     return "-" if x is None else f"{x:.3f} s"
 
 
-def summary_text(report: dict[str, Any]) -> str:
-    """A few lines of text with the headline numbers of a report."""
+def stalls_text(report: dict[str, Any], setting: str = "--stall-ms") -> str:
+    """The stall count of ``report``, or, when the run's median ITL is itself above the stall
+    threshold (every decode step of this hardware is slower than it), a sentence saying so and
+    naming ``setting``, the threshold's setting: then the count is the number of steps, not of
+    stalls."""
+    threshold = f"{report['stall_threshold_s'] * 1e3:g} ms"
+    if report.get("itl_p50_above_stall_threshold"):
+        return (f"stalls: not counted, every step is slower than {threshold} on this hardware "
+                f"(ITL p50 {ms(report['itl_p50_s'])}); set {setting} above it to count stalls")
+    return f"stalls (> {threshold}) {report['stalls']} in {report['requests_with_stalls']} requests"
+
+
+def summary_text(report: dict[str, Any], setting: str = "--stall-ms") -> str:
+    """A few lines of text with the headline numbers of a report (``setting``: the stall
+    threshold's setting, see :func:`stalls_text`)."""
     tps = report["output_tokens_per_s"]
     hit = report["prefix_cache_hit_rate"]
     wrong = (report.get("checked_against_output") or {}).get("mismatches")
@@ -29,8 +42,7 @@ def summary_text(report: dict[str, Any]) -> str:
         f"TTFT p50 {_s(report['ttft_p50_s'])} p99 {_s(report['ttft_p99_s'])} | "
         f"ITL p50 {ms(report['itl_p50_s'])} p99 {ms(report['itl_p99_s'])} "
         f"max {ms(report['itl_max_s'])}",
-        f"stalls (> {report['stall_threshold_s'] * 1e3:g} ms) {report['stalls']} in "
-        f"{report['requests_with_stalls']} requests | KV hand-off p50 {ms(report['kv_handoff_p50_s'])} "
+        f"{stalls_text(report, setting)} | KV hand-off p50 {ms(report['kv_handoff_p50_s'])} "
         f"p99 {ms(report['kv_handoff_p99_s'])} | KV {report['kv_total_bytes'] / 2**20:.1f} MiB | "
         f"prefix cache hit {'-' if hit is None else f'{hit:.1%}'}",
     ]

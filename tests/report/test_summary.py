@@ -106,6 +106,22 @@ def test_stall_threshold_is_a_parameter(tmp_path):
     assert rep["stalls"] == expected == 6
 
 
+def test_a_threshold_below_the_median_itl_is_said_not_counted(tmp_path):
+    """The seeds' 60 ms on hardware whose every step is slower (here: 128 ms ITL p50) counted
+    hundreds of "stalls"; the text says the threshold is below the run's median ITL instead,
+    and names the setting. The median from the raw gaps, by numpy."""
+    from pipeline.report.text import stalls_text, summary_text
+
+    run = make_run(tmp_path / "run")
+    p50 = float(np.median(np.concatenate(raw_gaps())))
+    below, above = summarize_run(run, stall_s=p50 * 0.9), summarize_run(run, stall_s=p50 * 1.1)
+    assert below["itl_p50_above_stall_threshold"] and not above["itl_p50_above_stall_threshold"]
+    text = stalls_text(below, "run.stall_ms")
+    assert text.startswith("stalls: not counted") and "run.stall_ms" in text
+    assert stalls_text(above) == f"stalls (> {p50 * 1.1 * 1e3:g} ms) {above['stalls']} in {above['requests_with_stalls']} requests"
+    assert "--stall-ms" in summary_text(below) and "stalls: not counted" not in summary_text(above)
+
+
 def test_steps_without_scheduler_stats_keep_the_previous_state(tmp_path):
     """A step row with null running (vLLM gave no scheduler stats) keeps the previous row's
     batch size; a worker with no batch sizes at all has null stats, not an error."""
