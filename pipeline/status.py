@@ -47,7 +47,9 @@ def _end(run: RunDir, start: float) -> float | None:
 
 def status_text(run: RunDir) -> str:
     """What ``python -m pipeline.status`` prints: shards done / failed / total, rows, rows/s
-    (over :func:`elapsed_s`), ETA, each worker's progress and each decode worker's heartbeat.
+    (over :func:`elapsed_s`), ETA, the engines' start-up while some are not ready
+    (:meth:`RunDir.starting_engines`), each worker's progress and each decode worker's
+    heartbeat.
 
     Raises:
         FileNotFoundError: ``run`` is not a run directory.
@@ -67,6 +69,10 @@ def status_text(run: RunDir) -> str:
         lines.append(f"rows: {rows}/{total_rows} | {rate:.2f} rows/s | ETA {eta:.0f} s")
     else:
         lines.append(f"rows: {rows} | {rate:.2f} rows/s")
+    jobs = _jobs(run)
+    starting = None if finished or jobs is None else run.starting_engines(*jobs)
+    if starting:
+        lines.append(starting)
     for w in sorted(workers, key=lambda w: w["worker"]):
         lines.append(f"  {w['worker']}: {w['rows']} rows, {w['output_tokens']} output tokens, "
                      f"{w['shards']} shards")
@@ -81,6 +87,16 @@ def status_text(run: RunDir) -> str:
     for name, f in failed.items():
         lines.append(f"  failed {name}: {f['error']}")
     return "\n".join(lines)
+
+
+def _jobs(run: RunDir) -> tuple[int, int] | None:
+    """(array tasks, decode ranks) of the run's launch, from ``jobs.json``; None before it is
+    written."""
+    try:
+        jobs = json.loads((run.path / "jobs.json").read_text())
+    except (OSError, ValueError):
+        return None
+    return len(jobs.get("array_tasks") or []), len(jobs.get("decode") or [])
 
 
 def main(argv: list[str] | None = None) -> int:

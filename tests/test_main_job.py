@@ -45,6 +45,25 @@ def test_kv_crossed_between_two_processes(disagg_run):
             assert row["kv_handoff_s"] is not None and row["kv_handoff_s"] >= 0
 
 
+def test_each_engine_was_recorded_ready_before_it_served_a_row(disagg_run):
+    """What the start-up line (``starting engines: prefill 0/1, decode 1/1 ready``) counts: one
+    record per engine, written after its start and before its first row, by the request
+    metrics' own times (prefill start on the prefill worker, arrival on the decode worker)."""
+    import json
+
+    from pipeline.io.metrics import read_request_metrics
+
+    engines = {json.loads(f.read_text())["worker"].split("@")[0]: json.loads(f.read_text())
+               for f in (disagg_run.run_dir / "engines").glob("*.json")}
+    assert set(engines) == {"prefill-0", "decode-0"}
+    assert engines["prefill-0"]["role"] == "prefill" and engines["decode-0"]["role"] == "decode"
+    m = read_request_metrics(disagg_run.run_dir).to_pylist()
+    for e in engines.values():
+        assert 5 < e["ready_at"] - e["started_at"] < 600, e  # an engine start, not a no-op
+    assert engines["prefill-0"]["ready_at"] <= min(r["prefill_start"] for r in m)
+    assert engines["decode-0"]["ready_at"] <= min(r["decode_arrived_at"] for r in m)
+
+
 def test_pull_reads_kv_in_the_step_that_computes_the_first_token(pull_run):
     # transport.sync_kv_load (the default): the decode engine READs a hand-off's KV in the step
     # that schedules it, so the step that records a request's NIXL READ (vLLM's own transfer

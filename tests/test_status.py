@@ -71,3 +71,24 @@ def test_summary_wall_time_is_the_end_when_written_by_this_launch(tmp_path):
     write_json(run.path / "summary.json", {"wall_s": 75.0})  # the launcher's own launch -> end
     assert elapsed_s(run) == pytest.approx(75, abs=1e-3)
     assert "rows: 30/30 | 0.40 rows/s" in status_text(run)
+
+
+def test_engines_starting_are_shown_until_every_engine_that_has_work_is_ready(tmp_path):
+    """The first minute of a run, while engines start: the line counts engines ready against the
+    launch's jobs (jobs.json), leaving out array tasks that own no shard (3 tasks over these 2
+    shards: task 2 starts no engine), and goes once every engine is ready. A relaunch into the
+    same run directory starts counting again."""
+    run, shards, _ = _run(tmp_path)
+    write_json(run.path / "jobs.json", {"array_tasks": ["11", "12", "13"], "decode": ["10"]})
+    assert run.starting_engines(3, 1) == "starting engines: prefill 0/2, decode 0/1 ready"
+    assert "starting engines: prefill 0/2, decode 0/1 ready" in status_text(run)
+    run.mark_engine_ready("decode-0@n3", "decode", time.time() - 40)
+    run.mark_engine_ready("prefill-1@n2", "prefill", time.time() - 40)
+    assert "starting engines: prefill 1/2, decode 1/1 ready" in status_text(run)
+    run.mark_engine_ready("prefill-0@n1", "prefill", time.time() - 40)
+    assert run.starting_engines(3, 1) is None and "starting engines" not in status_text(run)
+    colocated = RunDir(tmp_path / "coloc")
+    colocated.create(compose(["+job=summarize", "pools=colocated"]), shards, str(tmp_path / "out2"))
+    assert colocated.starting_engines(1, 0) == "starting engines: colocated 0/1 ready"
+    run.create(compose(["+job=summarize"]), shards, str(tmp_path / "out"))
+    assert run.starting_engines(3, 1) == "starting engines: prefill 0/2, decode 0/1 ready"

@@ -143,8 +143,9 @@ def _cancel(job, grace_s: float = 10.0) -> None:
 
 def watch(run: RunDir, jobs: Jobs, total_rows: int, progress: bool = True,
           poll_s: float = 0.5, stop_grace_s: float = 120.0) -> None:
-    """Wait for every owner to end, showing rows and output tokens done; then ask decode workers
-    to stop and wait for them.
+    """Wait for every owner to end, showing rows and output tokens done (and, until every engine
+    is ready, how many are: ``starting engines: prefill 0/1, decode 1/1 ready``); then ask
+    decode workers to stop and wait for them.
 
     A decode worker that ends while others live is reported as a warning: prefill workers hand
     its rows to the others.
@@ -156,6 +157,7 @@ def watch(run: RunDir, jobs: Jobs, total_rows: int, progress: bool = True,
     tokens_bar = tqdm(unit="tok", desc="output tokens", disable=not progress, dynamic_ncols=True)
     errors: list[str] = []
     warned: set[str] = set()
+    starting: str | None = "starting engines"  # the engines' start-up line, until all are ready
     queue = _QueueCheck()
     try:
         while True:
@@ -165,6 +167,9 @@ def watch(run: RunDir, jobs: Jobs, total_rows: int, progress: bool = True,
             done = run.progress()
             rows_bar.update(sum(p["rows"] for p in done) - rows_bar.n)
             tokens_bar.update(sum(p["output_tokens"] for p in done) - tokens_bar.n)
+            if starting and progress:
+                starting = run.starting_engines(len(jobs.array_tasks), len(jobs.decode))
+                rows_bar.set_description_str(starting or "rows")
             # A decode worker that ended cleanly did so because every shard is settled (its
             # owner may still be writing its last marker); only a failed one is a loss.
             dead = [j for j in jobs.decode if queue.ended(j) and _failure(j, queue)]

@@ -31,7 +31,9 @@ async def _colocated(run: RunDir, task: int, n_tasks: int, cpus: str | None) -> 
     if not shards:
         return worker
     recorder = StepRecorder(run.path, worker, "colocated")
+    started = time.time()
     engine = build_engine(cfg, "colocated", cpus=cpus, recorder=recorder)
+    run.mark_engine_ready(worker, "colocated", started)
     async def serve(p: Prompt) -> RowResult:
         t0 = time.time()
         s = await stream_row(engine, request_id(p.row_key), p.token_ids, p.sampling or cfg.job.sampling,

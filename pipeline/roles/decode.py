@@ -50,8 +50,10 @@ async def _decode(run: RunDir, rank: int, cpus: str | None) -> str:
     host = worker_host(cfg)
     recorder = StepRecorder(run.path, worker, "decode")
     # A taken port fails fast, named; a free port lost before vLLM bound it is picked again.
+    started = time.time()
     engine = start_on_side_channel(cfg, rank, host, lambda port: build_engine(
         cfg, "decode", cpus=cpus, recorder=recorder, side_channel=(host, port)))
+    run.mark_engine_ready(worker, "decode", started)
     server = DecodeServer(run, cfg, rank, worker, engine, host)
     try:
         await server.serve_forever()

@@ -35,8 +35,10 @@ async def _prefill(run: RunDir, task: int, n_tasks: int, cpus: str | None) -> st
     host = worker_host(cfg)
     recorder = StepRecorder(run.path, worker, "prefill")
     # A taken port fails fast, named; a free port lost before vLLM bound it is picked again.
+    started = time.time()
     engine = start_on_side_channel(cfg, cfg.pools.decode + task, host, lambda port: build_engine(
         cfg, "prefill", cpus=cpus, side_channel=(host, port), recorder=recorder))
+    run.mark_engine_ready(worker, "prefill", started)
     router = None
     try:
         await wait_for_decode(run, cfg.pools.decode, cfg.transport.connect_timeout_s)

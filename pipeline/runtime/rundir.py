@@ -9,6 +9,7 @@ Layout::
     RUN_DIR/done/SHARD.json        per-shard totals, written after the output shard is in place
     RUN_DIR/failed/SHARD.json      why a shard failed as a whole (unreadable or unwritable)
     RUN_DIR/progress/WORKER.json   rows and output tokens done so far, rewritten as rows finish
+    RUN_DIR/engines/WORKER.json    when a worker's engine started and when it was ready
     RUN_DIR/stop                   written by the launcher once every prefill task has ended
     RUN_DIR/logs/                  submitit's per-worker logs
 """
@@ -37,10 +38,10 @@ class RunDir:
     def create(self, cfg: Config, shards: list[Shard], output_dir: str, rows: int | None = None) -> None:
         """Lay out the run directory, or reuse one from an earlier run of the same job: done
         shards and row checkpoints stay; what belonged to the earlier launch (decode endpoints,
-        progress, failed marks, the stop request) goes. Whether ``cfg`` may reuse it (the same
+        progress, engines ready, failed marks, the stop request) goes. Whether ``cfg`` may reuse it (the same
         settings as the results there) is checked before, by :mod:`pipeline.preflight`.
         """
-        for sub in ("decode", "progress", "failed"):
+        for sub in ("decode", "progress", "failed", "engines"):
             shutil.rmtree(self.path / sub, ignore_errors=True)
         (self.path / "stop").unlink(missing_ok=True)
         for sub in ("decode", "done", "failed", "progress", "logs"):
@@ -132,6 +133,37 @@ class RunDir:
             except (OSError, ValueError):
                 continue
         return out
+
+    def mark_engine_ready(self, worker: str, role: str, started_at: float) -> None:
+        """Record that ``worker``'s engine (``role``: prefill, decode or colocated) is ready to
+        serve: ``started_at`` (when its start began) and ``ready_at`` (now), seconds since the
+        epoch. A requeued worker's next engine replaces the record."""
+        write_json(self.path / "engines" / f"{worker}.json",
+                   {"worker": worker, "role": role, "started_at": started_at, "ready_at": time.time()})
+
+    def engines_ready(self) -> dict[str, int]:
+        """Engines ready so far, by role."""
+        out: dict[str, int] = {}
+        for p in run_files(self.path / "engines", "*.json"):
+            try:
+                role = json.loads(p.read_text())["role"]
+            except (OSError, ValueError, KeyError):
+                continue
+            out[role] = out.get(role, 0) + 1
+        return out
+
+    def starting_engines(self, array_tasks: int, decode: int) -> str | None:
+        """``starting engines: prefill 0/1, decode 1/1 ready`` while some engine of a run of
+        ``array_tasks`` prefill (or colocated) tasks and ``decode`` decode ranks is not ready;
+        None once all are. Array tasks that own no shard start no engine and are not counted."""
+        role = "colocated" if self.config().pools.mode == "colocated" else "prefill"
+        expected = {role: len({s.index % array_tasks for s in self.shards()}) if array_tasks else 0,
+                    "decode": decode}
+        ready = self.engines_ready()
+        if all(ready.get(r, 0) >= n for r, n in expected.items()):
+            return None
+        return "starting engines: " + ", ".join(f"{r} {min(ready.get(r, 0), n)}/{n}" for r, n in expected.items()
+                                                if n) + " ready"
 
     def all_settled(self) -> bool:
         """Every shard of the run is done or failed."""
