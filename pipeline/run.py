@@ -36,7 +36,8 @@ class Summary:
         return self.output_tokens / self.wall_s if self.wall_s > 0 else 0.0
 
     def text(self) -> str:
-        return (f"rows done {self.rows - self.errors}, rows with errors {self.errors} | "
+        # Every input row is one output row: a generation or an error row (saying why).
+        return (f"rows {self.rows}: {self.rows - self.errors} generated, {self.errors} errors | "
                 f"prompt tokens {self.prompt_tokens}, output tokens {self.output_tokens} | "
                 f"{self.output_tokens_per_s:.1f} output tok/s | wall {self.wall_s:.1f} s\n"
                 f"output: {self.output} ({self.shards_done}/{self.shards} shards)\n"

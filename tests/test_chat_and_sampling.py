@@ -299,8 +299,8 @@ def test_openai_batch_file_output_format_and_modes_agree(runs):
     lines = {mode: _batch_lines(run) for mode, run in runs.items()}
     base = lines["colocated"]
     # One line per request, in input order; the bad lines are error lines, none lost.
-    assert [line["custom_id"] for line in base] == ["b-chat", "b-completion", None, "b-json", "b-embeddings",
-                                                    "b-chat-logprobs"]
+    assert [line["custom_id"] for line in base] == ["b-chat", "b-completion", "line-3-without-custom-id", "b-json",
+                                                    "b-embeddings", "b-chat-logprobs"]
     for mode, got in lines.items():
         assert [line["custom_id"] for line in got] == [line["custom_id"] for line in base], mode
         for line, want in zip(got, base):

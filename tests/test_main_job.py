@@ -111,7 +111,7 @@ def test_summary_matches_output(request, name):
     assert summary["output_tokens"] == sum(r["output_tokens"] for r in rows)
     assert summary["prompt_tokens"] == sum(r["prompt_tokens"] for r in rows)
     assert summary["shards_done"] == 3
-    assert f"rows done {len(rows)}" in run.stdout
+    assert f"rows {len(rows)}: {len(rows)} generated, 0 errors" in run.stdout
     assert "output tok/s" in run.stdout and "wall" in run.stdout
     assert str(run.run_dir) in run.stdout
     assert (run.run_dir / "config.yaml").exists()

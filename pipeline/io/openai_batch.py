@@ -175,11 +175,19 @@ def _prompt(prompt: Any) -> str:
     return prompt
 
 
+def unnamed_line(line: int) -> str:
+    """The custom_id given to line ``line`` (from 1) of a batch file when the line has none."""
+    return f"line-{line}-without-custom-id"
+
+
 def request_row(line: int, value: Any) -> dict[str, Any]:
     """One line of a batch file (its number, and its JSON value or why it does not parse) as a
     row of :data:`REQUEST_SCHEMA`; what makes it no request the pipeline serves is in its
-    ``line_error``, the custom_id kept when there is one."""
+    ``line_error``, the custom_id kept when there is one (else :func:`unnamed_line`)."""
     row = dict.fromkeys(REQUEST_SCHEMA.names)
+    # A line with no custom_id of its own (not JSON, not an object, none given) is named by its
+    # line: the output line's custom_id must be a string (vLLM's BatchRequestOutput).
+    row["id"] = unnamed_line(line)
     if isinstance(value, str):
         row[LINE_ERROR] = value
         return row
@@ -187,7 +195,8 @@ def request_row(line: int, value: Any) -> dict[str, Any]:
         row[LINE_ERROR] = f"line {line} is a JSON {json_kind(value)}, not a request object"
         return row
     custom_id, url, body = value.get("custom_id"), value.get("url"), value.get("body")
-    row["id"] = custom_id if custom_id is None or isinstance(custom_id, str) else json.dumps(custom_id)
+    if custom_id is not None:
+        row["id"] = custom_id if isinstance(custom_id, str) else json.dumps(custom_id)
     row["url"] = url if isinstance(url, str) else None
     if isinstance(body, dict) and isinstance(body.get("model"), str):
         row["model"] = body["model"]

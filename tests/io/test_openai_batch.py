@@ -90,8 +90,10 @@ def test_lines_become_rows_bad_lines_say_why(tmp_path):
     shard = list_shards(str(tmp_path))[0]
     rows = [r for _, b in iter_batches(shard, 4) for r in b.to_pylist()]
     assert all(b.schema.equals(shard_schema(shard)) for _, b in iter_batches(shard, 4))
-    assert [r["id"] for r in rows] == ["chat", "completion", None, "no-body", "embeddings", "parts", "bias",
-                                       "bad-range", "wizard", "chat"]
+    # A line that is not JSON has no custom_id: it is named by its line (a string, as vLLM's
+    # batch output requires).
+    assert [r["id"] for r in rows] == ["chat", "completion", "line-3-without-custom-id", "no-body", "embeddings",
+                                       "parts", "bias", "bad-range", "wizard", "chat"]
     assert rows[0]["messages"][1] == {"role": "user", "content": "Hi"} and rows[0]["text"] is None
     assert rows[0]["model"] == "m" and rows[0]["sampling_params"]["max_tokens"] == 8
     assert rows[1]["text"] == "Once upon a time" and rows[1]["messages"] is None
@@ -175,7 +177,8 @@ def test_output_lines_in_the_openai_batch_output_format(tmp_path, tokenizer):
     assert target == str(tmp_path / "out" / "b.jsonl")
     assert write_batch_output(str(tmp_path / "out.parquet"), target, tokenizer, rows=2) == 5
     lines = [json.loads(line) for line in open(target)]
-    assert [line["custom_id"] for line in lines] == ["chat", "completion", None, "no-body", "bad-range"]
+    assert [line["custom_id"] for line in lines] == ["chat", "completion", "line-3-without-custom-id", "no-body",
+                                                     "bad-range"]
     assert len({line["id"] for line in lines}) == 5 and all(line["id"].startswith("batch_req_") for line in lines)
     chat = lines[0]["response"]
     assert chat["status_code"] == 200 and lines[0]["error"] is None and chat["request_id"]
@@ -196,6 +199,25 @@ def test_output_lines_in_the_openai_batch_output_format(tmp_path, tokenizer):
         assert line["error"]["code"] == code and line["error"]["message"]
     assert lines[3]["error"]["message"] == "line 4: the request has no body"
     assert [p.name for p in (tmp_path / "out").iterdir()] == ["b.jsonl"]  # no temporary file left
+    # Every line, and a line of several samples, is what vLLM's own batch runner writes (its
+    # BatchRequestOutput model; it refused the custom_id null once given to a line that is not
+    # JSON). vLLM 0.32's runner serves no /v1/completions, so a completion's body is checked
+    # against vLLM's own CompletionResponse, and its envelope apart.
+    from vllm.entrypoints.launchers.run_batch import BatchRequestOutput
+    from vllm.entrypoints.openai.completion.protocol import CompletionResponse
+
+    several = output_line({"id": "n2", "url": CHAT, "model": "m", "generation": ["a", "b"], "finish_reason": ["stop", "length"],
+                           "generation_token_ids": [[1], [2]], "prompt_tokens": 3, "output_tokens": 2, "error": None,
+                           "queue_s": 0.0}, 0)
+    for line in [*lines, several]:
+        body = (line["response"] or {}).get("body")
+        if body is not None and body["object"] == "text_completion":
+            CompletionResponse.model_validate(body)
+            line = {**line, "response": {**line["response"], "body": None}}
+        parsed = BatchRequestOutput.model_validate(line)
+        assert parsed.custom_id == line["custom_id"]
+        if line["error"] is None and line["response"]["body"] is not None:
+            assert [c.index for c in parsed.response.body.choices] == [c["index"] for c in line["response"]["body"]["choices"]]
 
 
 def test_chat_logprobs_and_several_samples():
