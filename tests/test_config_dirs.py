@@ -122,3 +122,19 @@ def test_a_first_word_naming_a_command_runs_it(capsys):
     with pytest.raises(SystemExit) as exc:
         cli.main(["plan", "--help"])
     assert exc.value.code == 0 and "--hardware" in capsys.readouterr().out
+
+
+def test_a_run_made_when_the_data_lay_in_the_checkout_is_the_same_config():
+    """Run directories written before the data moved into the package name the checkout's
+    data/ (now a link): a re-run there is not refused as another input or corpus."""
+    from dataclasses import replace
+
+    from pipeline.preflight.rerun import rerun_changes
+
+    new = compose(["+job=rag"])
+    old = replace(new, job=replace(new.job, input=str(ROOT / "data" / "rag" / "questions.parquet"),
+                                   rag=replace(new.job.rag, corpus=str(ROOT / "data" / "rag" / "corpus.parquet"))))
+    assert old.job.rag.corpus != new.job.rag.corpus
+    assert rerun_changes(old, new) == []
+    moved = replace(new, job=replace(new.job, rag=replace(new.job.rag, corpus=str(ROOT / "README.md"))))
+    assert rerun_changes(moved, new) == ["job.rag.corpus"]
