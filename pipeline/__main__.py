@@ -110,7 +110,8 @@ def _help(args: argparse.Namespace) -> str:
     from hydra._internal.hydra import Hydra
 
     lines = ["pd-pipeline: offline batch LLM inference with disaggregated prefill and decode.", "",
-             "usage: python -m pipeline +job=NAME [group=option ...] [key=value ...] [flags]", "",
+             "usage: pd-pipeline +job=NAME [group=option ...] [key=value ...] [flags]   (or python -m pipeline ...)",
+             "       pd-pipeline COMMAND ...   (see == Commands ==)", "",
              "== Configuration groups ==", "Compose the configuration from these groups (group=option):", ""]
     plain = [o.input_line for o in parse_overrides(args.overrides) if not o.is_sweep_override()]
     for group, (options, chosen) in groups(plain).items():
