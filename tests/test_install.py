@@ -77,7 +77,9 @@ def installed(tmp_path_factory) -> Installed:
         shutil.copy(ROOT / name, src / name)
     shutil.copytree(ROOT / "pipeline", src / "pipeline", ignore=shutil.ignore_patterns("__pycache__"))
     wheels = inst.base / "wheels"
-    subprocess.run([sys.executable, "-m", "pip", "wheel", str(src), "--no-deps", "--no-build-isolation", "-q",
+    # This venv's setuptools when it is recent enough (no index needed), else pip's isolated build.
+    isolation = ["--no-build-isolation"] if _has_setuptools(77) else []
+    subprocess.run([sys.executable, "-m", "pip", "wheel", str(src), "--no-deps", *isolation, "-q",
                     "-w", str(wheels)], check=True, capture_output=True, timeout=300)
     (inst.wheel,) = wheels.glob("pd_pipeline-*.whl")
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(inst.venv)], check=True, timeout=120)
@@ -87,6 +89,15 @@ def installed(tmp_path_factory) -> Installed:
                     "--no-deps", "-q", str(inst.wheel)], check=True, capture_output=True, timeout=300)
     inst.work.mkdir()
     return inst
+
+
+def _has_setuptools(major: int) -> bool:
+    """setuptools >= ``major`` is importable here (pyproject's build requirement)."""
+    try:
+        import setuptools
+    except ImportError:
+        return False
+    return int(setuptools.__version__.split(".")[0]) >= major
 
 
 def _wheel_options(wheel: Path, group: str) -> list[str]:
