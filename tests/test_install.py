@@ -93,11 +93,12 @@ def installed(tmp_path_factory) -> Installed:
 
 def _has_setuptools(major: int) -> bool:
     """setuptools >= ``major`` is importable here (pyproject's build requirement)."""
-    try:
-        import setuptools
-    except ImportError:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:  # its metadata, not an import: importing setuptools replaces distutils for the session
+        return int(version("setuptools").split(".")[0]) >= major
+    except PackageNotFoundError:
         return False
-    return int(setuptools.__version__.split(".")[0]) >= major
 
 
 def _wheel_options(wheel: Path, group: str) -> list[str]:
