@@ -1,11 +1,17 @@
-"""``python -m pipeline +job=NAME [group=option ...] [key=value ...] [flags]``: a Hydra application.
+"""``python -m pipeline +job=NAME [group=option ...] [key=value ...] [flags]`` (the console command
+``pd-pipeline`` is the same): a Hydra application, and the package's other commands.
 
+- ``pd-pipeline status|plan|report|prepare-model ...``: the first argument, when it is one of
+  :data:`COMMANDS`, runs that command with the rest (``pipeline.status``, ``pipeline.plan``,
+  ``pipeline.report``, ``pipeline.model.prepare``); an override never looks like these words;
 - a run: compose ``conf/`` with the overrides, check everything (:mod:`pipeline.preflight`), run;
   ``--dry-run`` (the same as ``run.dry_run=true``) checks, prints what would run and starts nothing;
 - ``--help``: the config groups and their options, how to override and sweep, the flags;
   ``--hydra-help``: Hydra's own; ``--version``: Hydra's version;
 - ``--cfg job|hydra|all`` (``-p PACKAGE`` for one part, ``--resolve``): print the composed config;
 - ``--info [all|config|defaults|defaults-tree|plugins|searchpath]``: Hydra's information;
+- ``--config-dir DIR`` / ``-cd DIR`` (the same as ``hydra.searchpath=[file://DIR]``): a user
+  config directory whose options join the shipped groups (``DIR/job/mine.yaml``: ``+job=mine``);
 - ``-m`` / ``--multirun``: a sweep (``key=a,b``, ``range(...)``, ``choice(...)``, ``glob(...)``),
   one run per point, every point checked before the first starts (:func:`pipeline.api.sweep`).
 
@@ -19,7 +25,10 @@ import argparse
 import signal
 import sys
 
-from pipeline.config import ConfigError, compose, groups, has_job, hydra_call, parse_overrides, to_yaml
+from pipeline.config import (
+    ConfigError, compose, groups, has_job, hydra_call, parse_overrides, searchpath_override, split_searchpath,
+    to_yaml,
+)
 from pipeline.launch.watch import RunFailed
 
 _ABSENT = object()  # --package names nothing in the config
@@ -33,6 +42,14 @@ Quote a value with spaces or commas: 'job.prompt_template=Summarize: {text}'.
 Sweeps, with -m: key=a,b  key=range(0,10,2)  key=choice(a,b)  group=glob(*)  -- one run per point
 of the product, in its own run directory RUN_ROOT/<job>/<timestamp>/<n> (<run.dir>/<n> when
 run.dir is set), one after another locally; on Slurm each point submits its jobs and goes on."""
+# The package's other commands: the first argument picks one (module whose main(argv) runs it,
+# what it does). An override never looks like these words (no "="), so they cannot collide.
+COMMANDS = {
+    "status": ("pipeline.status", "where a run stands: status RUN_DIR"),
+    "plan": ("pipeline.plan.cli", "plan the pools of a job: plan --model M --hardware H ..."),
+    "report": ("pipeline.report.cli", "a run's report, or two compared: report RUN_DIR [--compare RUN_B]"),
+    "prepare-model": ("pipeline.model.prepare", "convert the bundled default model into the cache"),
+}
 
 
 class _Parser(argparse.ArgumentParser):
@@ -60,6 +77,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--multirun", "-m", action="store_true", help="run every point of the sweep in the overrides")
     p.add_argument("--info", "-i", nargs="?", const="all", choices=INFO_CHOICES,
                    help=f"print Hydra's information [{'|'.join(INFO_CHOICES)}]")
+    p.add_argument("--config-dir", "-cd", action="append", default=[], metavar="DIR",
+                   help="add a user config directory: DIR/job/mine.yaml is +job=mine (repeatable)")
     p.add_argument("--dry-run", action="store_true", help="check everything, print what would run, start nothing")
     return p
 
@@ -72,6 +91,10 @@ def _parse(argv: list[str]) -> argparse.Namespace:
         if a in ("--info", "-i") and argv[i + 1] not in INFO_CHOICES:
             argv[i] = "--info=all"
     args = _parser().parse_intermixed_args(argv)
+    if args.config_dir:
+        # Hydra's --config-dir, as the override it stands for, so that every path that composes
+        # (help, --cfg, runs, sweeps, submit) sees the directory the same way.
+        args.overrides.insert(0, searchpath_override(args.config_dir))
     if args.dry_run:
         args.overrides.append("run.dry_run=true")
     if args.resolve and not (args.cfg or args.help):
@@ -87,13 +110,17 @@ def _help(args: argparse.Namespace) -> str:
     from hydra._internal.hydra import Hydra
 
     lines = ["pd-pipeline: offline batch LLM inference with disaggregated prefill and decode.", "",
-             "usage: python -m pipeline +job=NAME [group=option ...] [key=value ...] [flags]", "",
+             "usage: pd-pipeline +job=NAME [group=option ...] [key=value ...] [flags]   (or python -m pipeline ...)",
+             "       pd-pipeline COMMAND ...   (see == Commands ==)", "",
              "== Configuration groups ==", "Compose the configuration from these groups (group=option):", ""]
     plain = [o.input_line for o in parse_overrides(args.overrides) if not o.is_sweep_override()]
     for group, (options, chosen) in groups(plain).items():
         pick = f"chosen: {chosen}" if chosen else "none chosen: add +job=NAME" if group == "job" else "none chosen"
         lines.append(f"{group}: {', '.join(options)}  ({pick})")
     lines += ["", "== Overrides ==", OVERRIDES_HELP, "", "== Flags ==", Hydra.format_args_help(_parser()), "",
+              "== Commands ==", "pd-pipeline COMMAND ... (python -m pipeline COMMAND ...); COMMAND --help for its own:", ""]
+    lines += [f"{name:<14}{words}" for name, (_, words) in COMMANDS.items()]
+    lines += ["",
               "== Config ==", "Any key of the config can be overridden (job.sampling.max_new_tokens=64)."]
     if has_job(args.overrides):
         lines += ["The config composed with these overrides:", "", to_yaml(compose(args.overrides))]
@@ -111,7 +138,8 @@ def _show_cfg(args: argparse.Namespace) -> str:
     package = None if args.package == "_global_" else args.package
     cfg = compose(args.overrides) if args.cfg != "hydra" or has_job(args.overrides) else None
     if args.cfg == "hydra" or (args.cfg == "all" and (package or "").split(".")[0] == "hydra"):
-        return hydra_call(lambda app: app.show_cfg("config", args.overrides, "hydra", package, args.resolve))
+        dirs, plain = split_searchpath(args.overrides)
+        return hydra_call(lambda app: app.show_cfg("config", plain, "hydra", package, args.resolve), dirs)
     if package:
         node = OmegaConf.select(OmegaConf.structured(cfg), package, default=_ABSENT)
         if node is _ABSENT:
@@ -121,7 +149,8 @@ def _show_cfg(args: argparse.Namespace) -> str:
         return f"{'null' if node is None else node}\n"
     text = to_yaml(cfg)
     if args.cfg == "all":
-        text += hydra_call(lambda app: app.show_cfg("config", args.overrides, "hydra", None, args.resolve))
+        dirs, plain = split_searchpath(args.overrides)
+        text += hydra_call(lambda app: app.show_cfg("config", plain, "hydra", None, args.resolve), dirs)
     return text
 
 
@@ -186,24 +215,38 @@ def _interrupt(signum, frame) -> None:
     raise KeyboardInterrupt
 
 
+def _command(name: str, argv: list[str]) -> int:
+    """Run the package command ``name`` (a key of :data:`COMMANDS`) with ``argv``; its exit
+    status (its ``--help`` exits 0)."""
+    import importlib
+
+    return importlib.import_module(COMMANDS[name][0]).main(argv) or 0
+
+
 def main(argv: list[str] | None = None) -> int:
-    """Exit status: 0 done (or a dry run checked, or help/config/info printed), 1 a worker or shard
-    failed, 2 bad configuration or input (one line ``error: ...``), 130 interrupted."""
+    """``pd-pipeline`` / ``python -m pipeline``: a first argument in :data:`COMMANDS` runs that
+    command with the rest; anything else is the Hydra application. Exit status: 0 done (or a dry
+    run checked, or help/config/info printed), 1 a worker or shard failed, 2 bad configuration or
+    input (one line ``error: ...``), 130 interrupted."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] in COMMANDS:
+        return _command(argv[0], argv[1:])
     # A SIGTERM (scheduler, `timeout`, `kill`) takes the same path as Ctrl-C, which cancels the
     # workers; otherwise they would outlive the launcher.
     signal.signal(signal.SIGTERM, _interrupt)
     try:
-        args = _parse(list(sys.argv[1:] if argv is None else argv))
+        args = _parse(argv)
+        dirs, plain = split_searchpath(args.overrides)
         if args.help:
             sys.stdout.write(_help(args))
         elif args.hydra_help:
-            sys.stdout.write(hydra_call(lambda app: app.hydra_help("config", _parser(), args)))
+            sys.stdout.write(hydra_call(lambda app: app.hydra_help("config", _parser(), args), dirs))
         elif args.cfg:
             sys.stdout.write(_show_cfg(args))
         elif args.info:
             if has_job(args.overrides):
                 compose(args.overrides)  # a bad override is one line here too
-            sys.stdout.write(hydra_call(lambda app: app.show_info(args.info, "config", args.overrides)))
+            sys.stdout.write(hydra_call(lambda app: app.show_info(args.info, "config", plain), dirs))
         elif args.multirun:
             return _multirun(args.overrides)
         else:

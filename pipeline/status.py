@@ -103,6 +103,9 @@ def main(argv: list[str] | None = None) -> int:
     """``python -m pipeline.status RUN_DIR``: print :func:`status_text`. Exit status: 0, or 2
     on bad usage or when RUN_DIR is not a run directory."""
     argv = sys.argv[1:] if argv is None else argv
+    if argv in (["-h"], ["--help"]):
+        print(f"usage: python -m pipeline.status RUN_DIR  (or pd-pipeline status RUN_DIR)\n\n{__doc__.split(':', 1)[1].strip()}")
+        return 0
     if len(argv) != 1:
         print("usage: python -m pipeline.status RUN_DIR", file=sys.stderr)
         return 2

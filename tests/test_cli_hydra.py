@@ -16,7 +16,7 @@ from pipeline.config import compose, to_yaml
 from tests.conftest import ROOT, SAMPLE, run_pipeline
 from tests.test_cli_errors import _one_line_error
 
-CONF = ROOT / "conf"
+CONF = (ROOT / "conf").resolve()  # a link to the package's pipeline/conf, where Hydra reads it
 
 
 def _dry_sweep(tmp_path: Path, *overrides: str):

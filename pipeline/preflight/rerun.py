@@ -13,8 +13,9 @@ from pipeline.preflight.locations import location, one_line
 from pipeline.runtime.rundir import RunDir
 
 # Settings that change which rows are read or what they produce: a run directory holding results
-# refuses a re-run that changes any of them. job.input and the output location are compared as
-# locations, the input's files from RUN_DIR/shards.json.
+# refuses a re-run that changes any of them. job.input, job.rag.corpus and the output location are
+# compared as locations (a run made when the bundled data lay in the checkout's data/, now a link
+# into the package, is the same place), the input's files from RUN_DIR/shards.json.
 RESULT_KEYS = (
     "job.text_column", "job.id_column", "job.messages_column", "job.sampling_column", "job.lora_column",
     "job.prompt_template",
@@ -55,7 +56,7 @@ def rerun_changes(old: Config, new: Config, old_files: list[str] | None = None, 
                   old_output: str | None = None, output: str | None = None) -> list[str]:
     """The settings that differ between the config ``old`` of a run directory's results and
     ``new``, among those that change which rows are read or what they produce, as dotted names:
-    ``job.input`` (compared as a location), ``job.input (files)`` (the shard names ``old_files``
+    ``job.input`` and ``job.rag.corpus`` (compared as locations), ``job.input (files)`` (the shard names ``old_files``
     then and ``files`` now), :data:`RESULT_KEYS`, ``job.output`` (the resolved output location
     ``old_output`` then and ``output`` now)."""
     changed = [] if _same_place(old.job.input, new.job.input) else ["job.input"]
@@ -66,6 +67,8 @@ def rerun_changes(old: Config, new: Config, old_files: list[str] | None = None, 
         a, b = _get(old, key), _get(new, key)
         if key == "job.rag":
             differs = (a is None) != (b is None)
+        elif key == "job.rag.corpus":
+            differs = both_rag and not _same_place(a, b)
         else:
             differs = (both_rag or not key.startswith("job.rag.")) and a != b
         if differs:

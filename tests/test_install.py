@@ -1,0 +1,182 @@
+"""The package as a user installs it: a wheel built from this checkout, installed into a fresh
+virtualenv, run as ``pd-pipeline`` from a directory outside the checkout. No engine starts: help,
+dry runs and printed configs only (~30 s, most of it the interpreter importing torch).
+
+The fresh venv sees this interpreter's dependencies through a ``.pth`` file naming its
+site-packages directory; ``.pth`` files inside a directory added that way are not processed, so
+the editable install of pd-pipeline there (its finder is started by a ``.pth``) stays out, and
+``import pipeline`` can only find the wheel's copy, which the first test checks."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import sysconfig
+import zipfile
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import yaml
+
+from tests.conftest import ROOT
+
+USER_JOB = """\
+# A user's own job: the shipped summarize job with its own prompt and input.
+defaults:
+  - summarize
+  - _self_
+name: mine
+input: {input}
+prompt_template: "List three keywords of this text.\\n\\n{{text}}"
+sampling:
+  max_new_tokens: 12
+"""
+USER_CLUSTER = """\
+# A site preset: the local launcher with the site's own limits.
+defaults:
+  - local
+  - _self_
+name: mysite
+cpu_bind: auto
+timeout_min: 17
+"""
+
+
+class Installed:
+    """The wheel, the venv it is installed in, and a working directory outside the checkout."""
+
+    def __init__(self, base: Path):
+        self.base = base
+        self.venv = base / "venv"
+        self.work = base / "work"
+        self.wheel: Path | None = None
+
+    @property
+    def site(self) -> Path:
+        return next((self.venv / "lib").glob("python*/site-packages"))
+
+    def run(self, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+        """``pd-pipeline ARGS`` (the console script the wheel installed) from :attr:`work`."""
+        env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+        env["PD_PIPELINE_CACHE"] = str(self.base / "cache")  # an empty cache: no tokenizer loaded
+        return subprocess.run([str(self.venv / "bin" / "pd-pipeline"), *args], cwd=self.work, env=env,
+                              capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.fixture(scope="module")
+def installed(tmp_path_factory) -> Installed:
+    inst = Installed(tmp_path_factory.mktemp("install"))
+    # Build from a copy of what the wheel is made of, so the build leaves nothing in the checkout.
+    src = inst.base / "src"
+    src.mkdir()
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(ROOT / name, src / name)
+    shutil.copytree(ROOT / "pipeline", src / "pipeline", ignore=shutil.ignore_patterns("__pycache__"))
+    wheels = inst.base / "wheels"
+    # This venv's setuptools when it is recent enough (no index needed), else pip's isolated build.
+    isolation = ["--no-build-isolation"] if _has_setuptools(77) else []
+    subprocess.run([sys.executable, "-m", "pip", "wheel", str(src), "--no-deps", *isolation, "-q",
+                    "-w", str(wheels)], check=True, capture_output=True, timeout=300)
+    (inst.wheel,) = wheels.glob("pd_pipeline-*.whl")
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(inst.venv)], check=True, timeout=120)
+    deps = {sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]}
+    (inst.site / "_main_venv_deps.pth").write_text("".join(f"{d}\n" for d in sorted(deps)))
+    subprocess.run([sys.executable, "-m", "pip", "--python", str(inst.venv / "bin" / "python"), "install",
+                    "--no-deps", "-q", str(inst.wheel)], check=True, capture_output=True, timeout=300)
+    inst.work.mkdir()
+    return inst
+
+
+def _has_setuptools(major: int) -> bool:
+    """setuptools >= ``major`` is importable here (pyproject's build requirement)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:  # its metadata, not an import: importing setuptools replaces distutils for the session
+        return int(version("setuptools").split(".")[0]) >= major
+    except PackageNotFoundError:
+        return False
+
+
+def _wheel_options(wheel: Path, group: str) -> list[str]:
+    """The options of a config group as the wheel's file list has them."""
+    names = zipfile.ZipFile(wheel).namelist()
+    return sorted(Path(n).stem for n in names if n.startswith(f"pipeline/conf/{group}/") and n.endswith(".yaml"))
+
+
+def test_the_wheel_is_what_runs(installed):
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    p = subprocess.run([str(installed.venv / "bin" / "python"), "-c",
+                        "import pipeline, pipeline.config as c; print(pipeline.__file__); print(c.CONF_DIR)"],
+                       cwd=installed.work, env=env, capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    module, conf = p.stdout.split()
+    assert Path(module) == installed.site / "pipeline" / "__init__.py"
+    assert Path(conf) == installed.site / "pipeline" / "conf"
+    assert not Path(module).is_relative_to(ROOT)
+
+
+def test_help_lists_the_packaged_groups_and_the_commands(installed):
+    p = installed.run("--help")
+    assert p.returncode == 0, p.stderr
+    lines = p.stdout.splitlines()
+    for group in ("job", "cluster", "model", "pools"):
+        line = next(ln for ln in lines if ln.startswith(f"{group}: "))
+        assert line.split(": ", 1)[1].split("  (")[0].split(", ") == _wheel_options(installed.wheel, group), line
+    assert "summarize" in _wheel_options(installed.wheel, "job")
+    for command in ("status", "plan", "report", "prepare-model"):
+        assert any(ln.startswith(f"{command} ") for ln in lines), command
+        assert installed.run(command, "--help").returncode == 0, command
+    assert "--config-dir" in p.stdout
+
+
+def test_the_shipped_job_finds_its_packaged_input(installed):
+    p = installed.run("+job=summarize", "--dry-run", f"run.root={installed.base / 'runs'}")
+    assert p.returncode == 0, p.stderr
+    sample = installed.site / "pipeline" / "data" / "sample"
+    shards = sorted(sample.glob("*.parquet"))
+    assert shards and all(f"pipeline/data/sample/{s.name}" in zipfile.ZipFile(installed.wheel).namelist() for s in shards)
+    cfg = yaml.safe_load(p.stdout.split("\nconfig:\n", 1)[1])
+    assert cfg["job"]["input"] == str(sample)
+    assert f"shards: {len(shards)} " in p.stdout
+    assert f"rows: {sum(pq.read_metadata(s).num_rows for s in shards)} " in p.stdout
+    assert not (installed.base / "runs").exists()  # a dry run starts nothing
+
+
+def test_a_user_config_dir_adds_a_job_and_a_cluster(installed, tmp_path):
+    user = tmp_path / "myproject"
+    (user / "job").mkdir(parents=True)
+    (user / "cluster").mkdir()
+    inputs = tmp_path / "inputs"
+    inputs.mkdir()
+    pq.write_table(pa.table({"id": ["a", "b"], "text": ["first text", "second text"]}), inputs / "part-0.parquet")
+    (user / "job" / "mine.yaml").write_text(USER_JOB.format(input=inputs))
+    (user / "cluster" / "mysite.yaml").write_text(USER_CLUSTER)
+    mine, mysite = yaml.safe_load(USER_JOB.format(input=inputs)), yaml.safe_load(USER_CLUSTER)
+
+    p = installed.run("--config-dir", str(user), "+job=mine", "cluster=mysite", "--cfg", "job")
+    assert p.returncode == 0, p.stderr
+    cfg = yaml.safe_load(p.stdout)
+    assert cfg["job"]["name"] == "mine" and cfg["job"]["prompt_template"] == mine["prompt_template"]
+    assert cfg["job"]["input"] == str(inputs)
+    assert cfg["job"]["sampling"]["max_new_tokens"] == 12
+    assert cfg["job"]["text_column"] == "text"  # from the shipped summarize job it extends
+    assert {k: cfg["cluster"][k] for k in ("name", "cpu_bind", "timeout_min")} == \
+        {k: mysite[k] for k in ("name", "cpu_bind", "timeout_min")}
+    assert cfg["cluster"]["launcher"] == "local"  # from the shipped local preset
+
+    # -cd is the same flag; the dry run reads the user's input.
+    p = installed.run("-cd", str(user), "+job=mine", "cluster=mysite", "--dry-run", f"run.root={tmp_path / 'runs'}")
+    assert p.returncode == 0, p.stderr
+    assert "shards: 1 " in p.stdout and "rows: 2 " in p.stdout
+    p = installed.run("--help", "--config-dir", str(user))
+    assert p.returncode == 0, p.stderr
+    line = next(ln for ln in p.stdout.splitlines() if ln.startswith("job: "))
+    assert line.split(": ", 1)[1].split("  (")[0].split(", ") == sorted([*_wheel_options(installed.wheel, "job"), "mine"])
+
+    p = installed.run("--config-dir", str(tmp_path / "absent"), "+job=summarize", "--dry-run")
+    assert p.returncode == 2 and p.stderr.count("\n") == 1 and p.stderr.startswith("error: "), p.stderr
+    assert str(tmp_path / "absent") in p.stderr
