@@ -183,10 +183,9 @@ class ModelConfig:
     kv_cache_gib: float = 1.0
     gpu_memory_utilization: float = 0.3
     enforce_eager: bool = False
-    # vLLM's max_num_batched_tokens for prefill engines (null: vLLM's default, 2048 on CPU): the
-    # most prompt tokens one prefill step computes. A finished request's KV leaves the prefill
-    # worker between its engine steps, so a smaller chunk lets hand-offs start sooner when long
-    # prompts are being prefilled (BENCHMARKS.md).
+    # vLLM's max_num_batched_tokens for prefill engines (null: vLLM's default, 2048 on CPU): a
+    # finished request's KV leaves between engine steps, so a smaller chunk lets hand-offs start
+    # sooner while long prompts are prefilled (BENCHMARKS.md).
     prefill_chunk_tokens: Optional[int] = None
     # KV blocks of each decode engine's cache (vLLM's num_gpu_blocks_override); null: as many as
     # kv_cache_gib / gpu_memory_utilization give. Smaller than that to test a decode pool short of KV.
@@ -361,8 +360,7 @@ class OffloadConfig:
 
 @dataclass
 class RunConfig:
-    """The run directory (on a file system every node sees): ``dir`` when set, else
-    ``root/<job>/<timestamp>``."""
+    """The run directory (on a file system every node sees): ``dir``, else ``root/<job>/<timestamp>``."""
 
     root: str = "outputs"
     dir: Optional[str] = None
@@ -370,13 +368,7 @@ class RunConfig:
     report: bool = True  # write RUN_DIR/report (report.json and PNG plots) when a waited-for run ends
     wait: Optional[bool] = None  # wait for the end; null: yes locally, no on Slurm
     dry_run: bool = False  # check everything and print what would run; start nothing
-    # An ITL gap longer than this (milliseconds) is a stall in the run's report (the seeds' 60 ms:
-    # a pause a streaming reader notices). On hardware whose every decode step is slower, the
-    # report says so instead of counting steps.
-    stall_ms: float = 60.0
-
-    def __post_init__(self) -> None:
-        _check(self.stall_ms > 0, "run.stall_ms", f"must be > 0, got {self.stall_ms}")
+    stall_ms: float = 60.0  # an ITL gap over this (ms) is a stall in the run's report (the seeds' 60 ms)
 
 
 @dataclass
@@ -390,6 +382,7 @@ class Config:
     run: RunConfig = field(default_factory=RunConfig)
 
     def __post_init__(self) -> None:
+        _check(self.run.stall_ms > 0, "run.stall_ms", f"must be > 0, got {self.run.stall_ms}")
         if self.pools.mode != "colocated" and self.offload.dram(self.model.max_model_len):
             _check(self.model.prefill_tp == 1 and self.model.decode_tp == 1, "offload.mode",
                    "the DRAM tier supports TP 1 only for now; set offload=none for "
