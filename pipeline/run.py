@@ -130,7 +130,7 @@ def start_job(cfg: Config) -> RunHandle:
         cfg, choice = _choose_pools(cfg, plan)
     if cfg.run.dry_run:
         return RunHandle(cfg, run, Jobs(), output, len(shards), total_rows, plan)
-    run.create(cfg, shards, output, total_rows)
+    run.create(cfg, shards, output, total_rows, plan.sample_lists)
     if choice is not None:
         write_json(run.path / "pools.json", asdict(choice))
     done = run.done()

@@ -112,6 +112,16 @@ def test_n_samples_equal_vllms_own_and_the_kv_moved_once(runs):
     assert computed < 0.5 * extra_prompt_tokens, (computed, extra_prompt_tokens)
 
 
+@pytest.fixture(scope="module")
+def batch_run(tmp_path_factory, sample_input) -> Run:
+    """The batch file alone in a run of one sample per prompt (job.sampling.n=1), 1P:1D pull."""
+    d = tmp_path_factory.mktemp("samples-batch") / "input"
+    d.mkdir()
+    (d / "requests.jsonl").write_text((sample_input / "requests.jsonl").read_text())
+    return _run(tmp_path_factory, "samples-batch-n1", "pools=disaggregated", "transport=nixl_pull", *SAMPLING,
+                "job.sampling.n=1", input_url=str(d))
+
+
 def _choices(run: Run) -> list[list[str]]:
     """Per line of the batch output: its choices' texts (completions) or messages (chat)."""
     lines = [json.loads(x) for x in (run.output / "requests.jsonl").read_text().splitlines()]
@@ -126,6 +136,28 @@ def test_openai_batch_line_with_n_has_one_choice_per_sample(runs):
         rows = run.rows("requests.parquet")
         assert two == rows[0]["generation"] and chat == rows[1]["generation"]
     assert _choices(runs["colocated"]) == _choices(runs["disaggregated"]) == _choices(runs["push-dram"])
+
+
+def test_a_batch_file_asking_for_samples_gets_them_in_a_run_of_one_sample(batch_run, runs):
+    """As ``vllm run-batch`` serves it: "n": 2 in a body gives two choices though the run's
+    job.sampling.n is 1 (the file is read at start, so the run's sample columns are lists); the
+    request without n gets one. Its two samples are those of the run whose job asked for 3 (the
+    same seed, drawn by vLLM's own n there), and every line parses as vLLM's batch output."""
+    from vllm.entrypoints.launchers.run_batch import BatchRequestOutput
+    from vllm.entrypoints.openai.completion.protocol import CompletionResponse
+
+    table = batch_run.table("requests.parquet")
+    assert table.schema.field("generation_token_ids").type == pa.list_(pa.list_(pa.int32()))
+    two, chat = _choices(batch_run)
+    assert two == _choices(runs["colocated"])[0] and len(chat) == 1
+    rows = table.to_pylist()
+    assert [len(r["generation_token_ids"]) for r in rows] == [2, 1] and all(r["kv_tokens"] for r in rows)
+    for line in (json.loads(x) for x in (batch_run.output / "requests.jsonl").read_text().splitlines()):
+        body = line["response"]["body"]
+        if body["object"] == "text_completion":  # vLLM 0.32's runner serves no completions
+            CompletionResponse.model_validate(body)
+            line["response"]["body"] = None
+        assert BatchRequestOutput.model_validate(line).custom_id == line["custom_id"]
 
 
 @pytest.mark.slurm

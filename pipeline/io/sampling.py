@@ -13,13 +13,16 @@ ALIASES = {"max_tokens": "max_new_tokens"}
 FIELDS = {f.name for f in dataclasses.fields(SamplingConfig)}
 
 
-def row_sampling(base: SamplingConfig, override: dict[str, Any] | None, column: str) -> SamplingConfig:
+def row_sampling(base: SamplingConfig, override: dict[str, Any] | None, column: str,
+                 lists: bool | None = None) -> SamplingConfig:
     """``base`` with the non-null fields of ``override`` (a row's ``column`` struct) in place.
+    ``lists``: the run's sample columns are lists (default: ``base.n`` > 1; a run whose OpenAI
+    batch file asks for samples has them too, :func:`pipeline.preflight.sample_lists`).
 
     Raises:
         ValueError: an unknown field, a value of the wrong type or out of range, or ``n > 1``
-            in a run whose ``job.sampling.n`` is 1; one line naming ``column.field`` (the row
-            becomes an error row).
+            in a run whose sample columns are not lists; one line naming ``column.field`` (the
+            row becomes an error row).
     """
     if not override:
         return base
@@ -41,7 +44,7 @@ def row_sampling(base: SamplingConfig, override: dict[str, Any] | None, column: 
         raise ValueError(str(exc).replace("job.sampling.", f"{column}.", 1)) from None
     except TypeError as exc:
         raise ValueError(f"{column}: a value of the wrong type ({exc})") from None
-    if out.n > 1 and base.n == 1:
+    if out.n > 1 and not (base.n > 1 if lists is None else lists):
         raise ValueError(f"{column}.n: {out.n} samples need job.sampling.n > 1 for the run (its generation "
                          f"columns hold lists of samples only then; a row may ask for fewer, down to 1)")
     return out

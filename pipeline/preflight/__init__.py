@@ -46,6 +46,7 @@ import fsspec
 
 from pipeline.config import Config, ConfigError, to_yaml
 from pipeline.io import formats
+from pipeline.io.openai_batch import asks_for_samples, is_request_batch
 from pipeline.io.shards import Shard
 from pipeline.model.resolve import cache_dir
 from pipeline.runtime.net import check_ports_free
@@ -75,6 +76,7 @@ class Plan:
     unreadable: dict[str, str] = field(default_factory=dict)
     renamed: dict[str, str] = field(default_factory=dict)
     resumes: bool = False
+    sample_lists: bool = False  # the sample columns are lists (:func:`sample_lists`)
 
     @property
     def total_rows(self) -> int:
@@ -175,7 +177,15 @@ def preflight(cfg: Config, run_dir: Path | None = None) -> Plan:
         check_ports_free(cfg)
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
-    return Plan(cfg, run_dir, output, shards, rows, unreadable, renamed, resumes)
+    return Plan(cfg, run_dir, output, shards, rows, unreadable, renamed, resumes, sample_lists(cfg, shards, schemas))
+
+
+def sample_lists(cfg: Config, shards: list[Shard], schemas: list) -> bool:
+    """Whether the run's sample columns hold lists of samples: ``job.sampling.n`` > 1, or a
+    request of an OpenAI batch file in the input asks for several (``body.n`` > 1, as
+    ``vllm run-batch`` serves it); each batch file is read through once for that."""
+    return cfg.job.sampling.n > 1 or any(
+        asks_for_samples(s.url) for s, schema in zip(shards, schemas) if schema is not None and is_request_batch(schema))
 
 
 def estimate_prompt_tokens(plan: Plan) -> str:

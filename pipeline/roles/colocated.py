@@ -34,6 +34,8 @@ async def _colocated(run: RunDir, task: int, n_tasks: int, cpus: str | None) -> 
     started = time.time()
     engine = build_engine(cfg, "colocated", cpus=cpus, recorder=recorder)
     run.mark_engine_ready(worker, "colocated", started)
+    lists = run.sample_lists()
+
     async def serve(p: Prompt) -> RowResult:
         t0 = time.time()
         s = await stream_row(engine, request_id(p.row_key), p.token_ids, p.sampling or cfg.job.sampling,
@@ -42,7 +44,7 @@ async def _colocated(run: RunDir, task: int, n_tasks: int, cpus: str | None) -> 
                           token_times=s.token_times, prefill_start=t0, prefill_end=None,
                           prefill_worker=worker, prefix_cached_tokens=s.num_cached_tokens,
                           stop_reason=s.stop_reason, logprobs=s.logprobs, cumulative_logprob=s.cumulative_logprob,
-                          others=s.others, samples=cfg.job.sampling.n > 1)
+                          others=s.others, samples=lists)
 
     try:
         await own_shards(run, cfg, shards, worker, load_tokenizer(cfg), serve)

@@ -74,13 +74,13 @@ class PrefillHandoff:
     """
 
     def __init__(self, cfg: Config, engine: "AsyncLLM", router: DecodeRouter, worker: str,
-                 attempt: float, kv_bytes_per_token: int):
+                 attempt: float, kv_bytes_per_token: int, samples: bool):
         self.cfg, self.engine, self.router, self.worker = cfg, engine, router, worker
         self.attempt, self.kv_bytes_per_token = attempt, kv_bytes_per_token
         self.dram = cfg.offload.dram(cfg.model.max_model_len)
         self.block_size = engine.vllm_config.cache_config.block_size
         self.policy = RetryPolicy(cfg.transport.handoff_retries + 1)
-        self.samples = cfg.job.sampling.n > 1  # the sample columns are lists
+        self.samples = samples  # the sample columns are lists (RunDir.sample_lists)
         self.freeze_s, self.prefills = _injected_freeze_s(), 0
 
     async def serve(self, p: Prompt) -> RowResult:

@@ -44,7 +44,8 @@ async def _prefill(run: RunDir, task: int, n_tasks: int, cpus: str | None) -> st
         await wait_for_decode(run, cfg.pools.decode, cfg.transport.connect_timeout_s)
         router = DecodeRouter(run, cfg.transport.handoff_timeout_s, cfg.transport.decode_dead_after_s,
                               run.secret())
-        handoff = PrefillHandoff(cfg, engine, router, worker, attempt, model_kv_bytes_per_token(cfg))
+        handoff = PrefillHandoff(cfg, engine, router, worker, attempt, model_kv_bytes_per_token(cfg),
+                                 run.sample_lists())
         await own_shards(run, cfg, shards, worker, load_tokenizer(cfg), handoff.serve)
     finally:
         if router is not None:

@@ -107,7 +107,7 @@ class ShardOwner:
         self.dispatched = asyncio.Event()
         self.queue: asyncio.Queue[_Batch | None] = asyncio.Queue(maxsize=AHEAD_BATCHES)
         # Request metrics are written with each checkpoint batch, once their rows' results are saved.
-        self.samples = cfg.job.sampling.n > 1  # the sample columns are lists
+        self.samples = run.sample_lists()  # the sample columns are lists
         self.checkpoint = RowCheckpoint(run.checkpoint_dir(shard), cfg.job.checkpoint_rows,
                                         with_batch=lambda records: write_request_metrics(run.path, shard.name, records),
                                         samples=self.samples)
@@ -235,7 +235,7 @@ class ShardOwner:
                 out.append(f"{column} is {type(value).__name__}, not a struct of sampling fields")
                 continue
             try:
-                out.append(row_sampling(self.job.sampling, value, label or column))
+                out.append(row_sampling(self.job.sampling, value, label or column, self.samples))
             except ValueError as exc:
                 out.append(body_errors(str(exc)) if label == "body" else str(exc))
         return out

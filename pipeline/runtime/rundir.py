@@ -35,7 +35,8 @@ class RunDir:
         self.path = Path(path).resolve()
 
     # -- written once by the launcher ---------------------------------------------------------
-    def create(self, cfg: Config, shards: list[Shard], output_dir: str, rows: int | None = None) -> None:
+    def create(self, cfg: Config, shards: list[Shard], output_dir: str, rows: int | None = None,
+               sample_lists: bool | None = None) -> None:
         """Lay out the run directory, or reuse one from an earlier run of the same job: done
         shards and row checkpoints stay; what belonged to the earlier launch (decode endpoints,
         progress, engines ready, failed marks, the stop request) goes. Whether ``cfg`` may reuse it (the same
@@ -48,8 +49,9 @@ class RunDir:
             (self.path / sub).mkdir(parents=True, exist_ok=True)
         create_secret(self.path / "secret")
         (self.path / "config.yaml").write_text(to_yaml(cfg))
-        write_json(self.path / "shards.json",
-                   {"output": output_dir, "rows": rows, "shards": [asdict(s) for s in shards]})
+        lists = cfg.job.sampling.n > 1 if sample_lists is None else sample_lists
+        write_json(self.path / "shards.json", {"output": output_dir, "rows": rows, "sample_lists": lists,
+                                               "shards": [asdict(s) for s in shards]})
 
     def secret(self) -> bytes:
         """The run's control-channel secret (``RUN_DIR/secret``, mode 0600)."""
@@ -61,6 +63,12 @@ class RunDir:
     def shards(self) -> list[Shard]:
         data = json.loads((self.path / "shards.json").read_text())
         return [Shard(**s) for s in data["shards"]]
+
+    def sample_lists(self) -> bool:
+        """Whether the run's sample columns are lists (several samples per prompt: ``job.sampling.n``
+        > 1, or a request of an OpenAI batch file asks for them), decided at launch."""
+        meta = json.loads((self.path / "shards.json").read_text())
+        return bool(meta.get("sample_lists", self.config().job.sampling.n > 1))
 
     def output_dir(self) -> str:
         return json.loads((self.path / "shards.json").read_text())["output"]

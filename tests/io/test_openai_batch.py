@@ -232,3 +232,29 @@ def test_chat_logprobs_and_several_samples():
     second = body["choices"][1]["logprobs"]["content"][0]
     assert second["token"] == "token_id:2" and second["logprob"] == -0.7
     assert second["top_logprobs"] == [{"token": "token_id:3", "logprob": -0.2, "bytes": list(b"token_id:3")}]
+
+
+def test_a_request_asking_for_samples_makes_the_runs_sample_columns_lists(tmp_path):
+    """``vllm run-batch`` serves ``"n": 2`` in a body; so does a run with job.sampling.n=1 whose
+    batch file asks for it: the file is read at start and the run's sample columns are lists.
+    Not when no body asks for more than one (an "n" elsewhere in a line, n: 1, a string)."""
+    from pipeline.io.openai_batch import asks_for_samples
+    from pipeline.preflight import preflight
+
+    def request(cid, **body):
+        return {"custom_id": cid, "method": "POST", "url": COMPLETIONS, "body": {"prompt": "Hi", **body}}
+
+    plain = [request("a", n=1), request("b", metadata={"n": 3}), request("c", n="2"), "{not json with \"n\""]
+    _write(tmp_path / "one" / "b.jsonl", plain)
+    _write(tmp_path / "two" / "b.jsonl", [*plain, request("d", n=2)])
+    assert not asks_for_samples(str(tmp_path / "one" / "b.jsonl"))
+    assert asks_for_samples(str(tmp_path / "two" / "b.jsonl"))
+    for name, lists in (("one", False), ("two", True)):
+        cfg = compose(["+job=summarize", f"job.input={tmp_path / name}", f"run.dir={tmp_path / name}-run"])
+        assert preflight(cfg).sample_lists is lists, name
+        assert preflight(compose(["+job=summarize", f"job.input={tmp_path / name}", "job.sampling.n=2",
+                                  "job.sampling.temperature=1", f"run.dir={tmp_path / name}-run"])).sample_lists
+    # A row of such a run may ask for two samples; of a run without lists, it is an error row.
+    assert row_sampling(compose(["+job=summarize"]).job.sampling, {"n": 2}, "body", lists=True).n == 2
+    with pytest.raises(ValueError, match="need job.sampling.n > 1"):
+        row_sampling(compose(["+job=summarize"]).job.sampling, {"n": 2}, "body", lists=False)
