@@ -114,6 +114,15 @@ def colocated_run(_colocated_started) -> Run:
 
 
 @pytest.fixture(scope="session")
+def installed(tmp_path_factory):
+    """This checkout's wheel in a fresh venv, run as ``pd-pipeline`` outside the checkout
+    (:class:`tests.wheel.Installed`), built once per session (~15 s)."""
+    from tests.wheel import install_wheel
+
+    return install_wheel(tmp_path_factory.mktemp("install"))
+
+
+@pytest.fixture(scope="session")
 def push_run(tmp_path_factory) -> Run:
     """1P:1D, prefill WRITEs KV into decode's blocks (NixlPushConnector)."""
     return _run(tmp_path_factory, "push", "pools=disaggregated", "transport=nixl_push")

@@ -5,21 +5,19 @@ dry runs and printed configs only (~30 s, most of it the interpreter importing t
 The fresh venv sees this interpreter's dependencies through a ``.pth`` file naming its
 site-packages directory; ``.pth`` files inside a directory added that way are not processed, so
 the editable install of pd-pipeline there (its finder is started by a ``.pth``) stays out, and
-``import pipeline`` can only find the wheel's copy, which the first test checks."""
+``import pipeline`` can only find the wheel's copy, which the first test checks. The wheel is built
+once per session (``tests.conftest.installed``); ``pools=auto``'s real run uses it too
+(``tests/plan/test_auto.py``)."""
 
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
-import sys
-import sysconfig
 import zipfile
 from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
-import pytest
 import yaml
 
 from tests.conftest import ROOT
@@ -44,61 +42,6 @@ name: mysite
 cpu_bind: auto
 timeout_min: 17
 """
-
-
-class Installed:
-    """The wheel, the venv it is installed in, and a working directory outside the checkout."""
-
-    def __init__(self, base: Path):
-        self.base = base
-        self.venv = base / "venv"
-        self.work = base / "work"
-        self.wheel: Path | None = None
-
-    @property
-    def site(self) -> Path:
-        return next((self.venv / "lib").glob("python*/site-packages"))
-
-    def run(self, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
-        """``pd-pipeline ARGS`` (the console script the wheel installed) from :attr:`work`."""
-        env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
-        env["PD_PIPELINE_CACHE"] = str(self.base / "cache")  # an empty cache: no tokenizer loaded
-        return subprocess.run([str(self.venv / "bin" / "pd-pipeline"), *args], cwd=self.work, env=env,
-                              capture_output=True, text=True, timeout=timeout)
-
-
-@pytest.fixture(scope="module")
-def installed(tmp_path_factory) -> Installed:
-    inst = Installed(tmp_path_factory.mktemp("install"))
-    # Build from a copy of what the wheel is made of, so the build leaves nothing in the checkout.
-    src = inst.base / "src"
-    src.mkdir()
-    for name in ("pyproject.toml", "README.md"):
-        shutil.copy(ROOT / name, src / name)
-    shutil.copytree(ROOT / "pipeline", src / "pipeline", ignore=shutil.ignore_patterns("__pycache__"))
-    wheels = inst.base / "wheels"
-    # This venv's setuptools when it is recent enough (no index needed), else pip's isolated build.
-    isolation = ["--no-build-isolation"] if _has_setuptools(77) else []
-    subprocess.run([sys.executable, "-m", "pip", "wheel", str(src), "--no-deps", *isolation, "-q",
-                    "-w", str(wheels)], check=True, capture_output=True, timeout=300)
-    (inst.wheel,) = wheels.glob("pd_pipeline-*.whl")
-    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(inst.venv)], check=True, timeout=120)
-    deps = {sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]}
-    (inst.site / "_main_venv_deps.pth").write_text("".join(f"{d}\n" for d in sorted(deps)))
-    subprocess.run([sys.executable, "-m", "pip", "--python", str(inst.venv / "bin" / "python"), "install",
-                    "--no-deps", "-q", str(inst.wheel)], check=True, capture_output=True, timeout=300)
-    inst.work.mkdir()
-    return inst
-
-
-def _has_setuptools(major: int) -> bool:
-    """setuptools >= ``major`` is importable here (pyproject's build requirement)."""
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:  # its metadata, not an import: importing setuptools replaces distutils for the session
-        return int(version("setuptools").split(".")[0]) >= major
-    except PackageNotFoundError:
-        return False
 
 
 def _wheel_options(wheel: Path, group: str) -> list[str]:

@@ -91,10 +91,18 @@ def test_dry_run_prints_the_choice(tmp_path):
 
 
 @pytest.mark.e2e
-def test_auto_run_saves_its_choice_and_runs_it(tmp_path):
-    p = run_pipeline("+job=summarize", f"job.input={SAMPLE}", "pools=auto", f"run.dir={tmp_path / 'run'}",
-                     "run.progress=false", "model.dtype=float32")
+def test_auto_run_saves_its_choice_and_runs_it(tmp_path, installed):
+    # As a user who installed the wheel runs it: pd-pipeline from a folder outside the checkout,
+    # over the sample shipped in the package (the job's default input).
+    p = installed.run("+job=summarize", "pools=auto", f"run.dir={tmp_path / 'run'}", "run.progress=false",
+                      "model.dtype=float32", timeout=900, empty_cache=False)
     assert p.returncode == 0, p.stderr[-2000:]
+    packaged = installed.site / "pipeline" / "data" / "sample"
+    assert f"input: {packaged}" in (tmp_path / "run" / "config.yaml").read_text()
+    for shard in sorted(SAMPLE.glob("*.parquet")):
+        got = pq.read_table(tmp_path / "run" / "output" / shard.name)
+        assert got.column("id").to_pylist() == pq.read_table(shard).column("id").to_pylist()
+        assert got.column("error").null_count == got.num_rows
     choice = json.loads((tmp_path / "run" / "pools.json").read_text())
     saved = (tmp_path / "run" / "config.yaml").read_text()
     assert f"mode: {choice['mode']}" in saved
