@@ -123,7 +123,7 @@ def test_invalid_utf8_fails_only_its_row(cases_run):
     large = _rows(out, "utf8/large.parquet")
     assert large[0]["error"] is None and large[0]["generation"]
     assert "not valid UTF-8 (byte 0xc3 at offset 0)" in large[1]["error"]
-    # Nested ids are keys by their JSON text (README: output schema), in the output and the check.
+    # Nested ids are keys by their JSON text (docs/outputs.md: the output schema), in the output and the check.
     assert [r["id"] for r in large] == ['{"doc": 1}', '{"doc": 2}', '{"doc": 1}']
     assert large[2]["error"] == """duplicate id '{"doc": 1}' (first at row 0)"""
 

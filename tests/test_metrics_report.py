@@ -99,7 +99,7 @@ def test_planner_calibrated_on_one_run_predicts_another(push_run, pull_run):
     """The planner's CPU profile is fitted on the push run; its makespan, TTFT p50 and ITL
     predictions for the pull run (same layout, 1P:1D, same prompts, the push run's
     job.batch_rows rows in flight) are compared with what the pull run measured (wall time,
-    TTFT p50, mean per-request ITL). The errors are stated in the README ("Planning pools"):
+    TTFT p50, mean per-request ITL). The errors are stated in BENCHMARKS.md ("The planner's error in the suite"):
     TTFT p50 within 1.5x (measured 0.92x); the makespan within 2x (measured 0.74x; not the 20%
     aimed at, because the pull run's prefill engine ran 1.55x slower per prompt token than the
     push run's on this shared machine)."""

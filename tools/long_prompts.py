@@ -23,7 +23,7 @@ def yarn_context(max_model_len: int, trained: int = 8192, rope_theta: float = 10
     """Overrides that run the bundled SmolLM2-135M (``trained`` = 8,192 positions, RoPE theta
     100,000) at ``max_model_len`` tokens through vLLM's own ``hf_overrides``: YaRN with factor
     ``max_model_len / trained``. vLLM 0.32's CPU build derives the longest context from
-    ``max_position_embeddings``, so that is overridden too (README, "Long contexts")."""
+    ``max_position_embeddings``, so that is overridden too (docs/long-contexts.md)."""
     factor = max_model_len / trained
     return [f"model.max_model_len={max_model_len}",
             f"+model.engine_kwargs.hf_overrides={{max_position_embeddings:{max_model_len},rope_parameters:"

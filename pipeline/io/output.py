@@ -1,6 +1,6 @@
 """The output shard: one row per input row, in input order.
 
-Columns (documented in the README):
+Columns (documented in docs/outputs.md):
   id                 the input's id column (a nested id as its JSON text), or
                      "<shard name>:<row index>" when it has none
   <passthrough>      every input column except the id and text columns, unchanged

@@ -50,7 +50,7 @@ def test_cli_readable_output_and_one_line_errors():
 
 
 def test_cli_dram_tier_llama_70b_128k_on_h200():
-    # The README's worked example. Llama-3.1-70B: 327,680 B/token; a request of 130,048 prompt +
+    # The worked example of docs/long-contexts.md. Llama-3.1-70B: 327,680 B/token; a request of 130,048 prompt +
     # 1,024 output tokens = 131,072 tokens x 327,680 B = 42,949,672,960 B = 40 GiB exactly.
     p = _cli("--model", "llama-3.1-70b", "--hardware", "h200", "--prompt-tokens", "130048",
              "--output-tokens", "1024", "--rate", "1.0", "--dram-tier", "--json")
