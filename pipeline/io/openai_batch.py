@@ -180,24 +180,6 @@ def unnamed_line(line: int) -> str:
     return f"line-{line}-without-custom-id"
 
 
-def asks_for_samples(url: str) -> bool:
-    """Whether a request of the OpenAI batch file at ``url`` asks for more than one sample
-    (``body.n`` > 1), read through once (lines without ``"n"`` are not parsed)."""
-    fs, path = url_to_fs(url)
-    with fs.open(path, "rb") as f:
-        for line in f:
-            if b'"n"' not in line:
-                continue
-            try:
-                body = json.loads(line).get("body")
-            except (ValueError, AttributeError):
-                continue
-            n = body.get("n") if isinstance(body, dict) else None
-            if isinstance(n, (int, float)) and not isinstance(n, bool) and n > 1:
-                return True
-    return False
-
-
 def request_row(line: int, value: Any) -> dict[str, Any]:
     """One line of a batch file (its number, and its JSON value or why it does not parse) as a
     row of :data:`REQUEST_SCHEMA`; what makes it no request the pipeline serves is in its

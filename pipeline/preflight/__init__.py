@@ -46,12 +46,12 @@ import fsspec
 
 from pipeline.config import Config, ConfigError, to_yaml
 from pipeline.io import formats
-from pipeline.io.openai_batch import asks_for_samples, is_request_batch
+from pipeline.io.openai_batch import is_request_batch
 from pipeline.io.shards import Shard
 from pipeline.model.resolve import cache_dir
 from pipeline.runtime.net import check_ports_free
 from pipeline.preflight.engine_args import check_engine_args, local_model
-from pipeline.preflight.inputs import check_columns, check_templates, read_footers
+from pipeline.preflight.inputs import asks_for_samples, check_columns, check_templates, read_footers
 from pipeline.preflight.kv_fit import check_kv_fits
 from pipeline.preflight.locations import check_overlap, check_writable, filesystem, list_input, one_line
 from pipeline.preflight.rerun import RESULT_KEYS, check_rerun, rerun_changes

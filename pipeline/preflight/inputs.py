@@ -3,6 +3,7 @@ from the head of a JSON Lines or CSV shard (they have no footer)."""
 
 from __future__ import annotations
 
+import json
 from concurrent.futures import ThreadPoolExecutor
 
 import pyarrow as pa
@@ -152,3 +153,21 @@ def check_columns(cfg: Config, schemas: list[pa.Schema | None], names: list[str]
             raise ConfigError(f"job.input_column_prefix: {prefix!r} gives {', '.join(bad)}, which clash with "
                               f"columns of shard {name} or the output too; choose another prefix")
     return {c: prefix + c for c in clash}
+
+
+def asks_for_samples(url: str) -> bool:
+    """Whether a request of the OpenAI batch file at ``url`` asks for more than one sample
+    (``body.n`` > 1), read through once (lines without ``"n"`` are not parsed)."""
+    fs, path = url_to_fs(url)
+    with fs.open(path, "rb") as f:
+        for line in f:
+            if b'"n"' not in line:
+                continue
+            try:
+                body = json.loads(line).get("body")
+            except (ValueError, AttributeError):
+                continue
+            n = body.get("n") if isinstance(body, dict) else None
+            if isinstance(n, (int, float)) and not isinstance(n, bool) and n > 1:
+                return True
+    return False

@@ -238,7 +238,7 @@ def test_a_request_asking_for_samples_makes_the_runs_sample_columns_lists(tmp_pa
     """``vllm run-batch`` serves ``"n": 2`` in a body; so does a run with job.sampling.n=1 whose
     batch file asks for it: the file is read at start and the run's sample columns are lists.
     Not when no body asks for more than one (an "n" elsewhere in a line, n: 1, a string)."""
-    from pipeline.io.openai_batch import asks_for_samples
+    from pipeline.preflight.inputs import asks_for_samples
     from pipeline.preflight import preflight
 
     def request(cid, **body):
