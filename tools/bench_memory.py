@@ -61,6 +61,7 @@ def own_one(work: Path, rows: int, checkpoint_rows: int) -> dict:
     from pipeline.io.output import served_row
     from pipeline.io.shards import list_shards
     from pipeline.roles.shard_owner import own_shards
+    from pipeline.runtime.claims import Claims
     from pipeline.runtime.rundir import RunDir
 
     shard_dir = work / f"input-{rows}"
@@ -81,7 +82,7 @@ def own_one(work: Path, rows: int, checkpoint_rows: int) -> dict:
 
     before = _peak_mib()
     t0 = time.perf_counter()
-    asyncio.run(own_shards(run, cfg, shards, "bench-0", tokenizer, serve))
+    asyncio.run(own_shards(run, cfg, Claims(run.path, "bench-0"), "bench-0", tokenizer, serve))
     wall = time.perf_counter() - t0
     done = run.done()
     assert done[shards[0].name]["rows"] == rows, done

@@ -248,7 +248,7 @@ class ClusterConfig:
     mem_gb: Optional[float] = None
     exclusive: bool = False
     decode_ranks_per_node: int = 1
-    shards_per_task: Optional[int] = None  # shards one prefill array task owns; null: spread over pools.prefill tasks
+    shards_per_task: Optional[int] = None  # most shards one array task claims (Slurm sizes the array by it); null: no limit
     max_array_size: Optional[int] = None  # null: the cluster's MaxArraySize (scontrol show config)
     additional_parameters: dict[str, Any] = field(default_factory=dict)  # extra sbatch options
     setup: list[str] = field(default_factory=list)  # shell lines run before each worker (module load ...)

@@ -29,21 +29,21 @@ class DecodeJob:
 
 
 class ArrayTaskJob:
-    """One array task: a prefill worker (``role="prefill"``) or a colocated worker, which owns
-    its shards end to end. Task ``task`` of ``n_tasks`` owns every ``n_tasks``-th shard from
-    ``task``."""
+    """One array task: a prefill worker (``role="prefill"``) or a colocated worker, which claims
+    shards as it frees up (:mod:`pipeline.runtime.claims`) and owns each end to end, at most
+    ``limit`` of them (None: until none is left)."""
 
-    def __init__(self, role: str, run_dir: str, n_tasks: int):
-        self.role, self.run_dir, self.n_tasks = role, run_dir, n_tasks
+    def __init__(self, role: str, run_dir: str, limit: int | None = None):
+        self.role, self.run_dir, self.limit = role, run_dir, limit
 
     def __call__(self, task: int, cpus: str | None = None) -> str:
         if self.role == "prefill":
             from pipeline.roles.prefill import prefill_main
 
-            return prefill_main(self.run_dir, task, self.n_tasks, cpus)
+            return prefill_main(self.run_dir, task, self.limit, cpus)
         from pipeline.roles.colocated import colocated_main
 
-        return colocated_main(self.run_dir, task, self.n_tasks, cpus)
+        return colocated_main(self.run_dir, task, self.limit, cpus)
 
     def checkpoint(self, *args, **kwargs) -> submitit.helpers.DelayedSubmission:
         return submitit.helpers.DelayedSubmission(self, *args, **kwargs)

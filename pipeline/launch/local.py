@@ -42,10 +42,10 @@ def launch_local(cfg: Config, run: RunDir) -> Jobs:
     p, d, path = cfg.pools.prefill, cfg.pools.decode, str(run.path)
     if cfg.pools.mode == "colocated":
         cpus = cpu_slices(p, cfg.cluster.cpu_bind)
-        colocated = ArrayTaskJob("colocated", path, p)
+        colocated = ArrayTaskJob("colocated", path)
         return Jobs(array_tasks=[ex.submit(colocated, i, cfg.cluster.prefill_cpus or cpus[i]) for i in range(p)])
     cpus = cpu_slices(p + d, cfg.cluster.cpu_bind)
-    decode, prefill = DecodeJob(path), ArrayTaskJob("prefill", path, p)
+    decode, prefill = DecodeJob(path), ArrayTaskJob("prefill", path)
     decode_jobs = [ex.submit(decode, r, cfg.cluster.decode_cpus or cpus[p + r]) for r in range(d)]
     prefill_jobs = [ex.submit(prefill, i, cfg.cluster.prefill_cpus or cpus[i]) for i in range(p)]
     return Jobs(array_tasks=prefill_jobs, decode=decode_jobs)

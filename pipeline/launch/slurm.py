@@ -1,6 +1,6 @@
 """Slurm launcher (submitit): the decode ranks as one job, one task per rank; the prefill (or
-colocated) workers as a job array over groups of shards whose parallelism is the prefill pool
-size, held until the decode job has started (``--dependency=after:JOBID``) so prefill never holds nodes while decode
+colocated) workers as a job array whose parallelism is the prefill pool size, each task claiming
+shards as it frees up (at most ``cluster.shards_per_task`` each, when set), held until the decode job has started (``--dependency=after:JOBID``) so prefill never holds nodes while decode
 waits in the queue. Arrays larger than the cluster's ``MaxArraySize`` are split into chunks, each
 held until the previous chunk ends, so at most ``pools.prefill`` tasks run at once."""
 
@@ -30,7 +30,8 @@ def max_array_size() -> int:
 
 
 def n_array_tasks(cfg: Config, n_shards: int) -> int:
-    """Array tasks over ``n_shards`` shards: one per ``cluster.shards_per_task`` shards, or
+    """Array tasks over ``n_shards`` shards: enough for each to claim at most
+    ``cluster.shards_per_task`` shards (so that each fits the cluster's time limit), or
     ``pools.prefill`` when that is unset; never more than there are shards."""
     per = cfg.cluster.shards_per_task
     n = math.ceil(n_shards / per) if per else cfg.pools.prefill
@@ -66,7 +67,7 @@ def launch_slurm(cfg: Config, run: RunDir, n_shards: int) -> Jobs:
         depends = f"after:{decode_jobs[0].job_id}"
     role = "prefill" if cfg.pools.mode == "disaggregated" else "colocated"
     n_tasks = n_array_tasks(cfg, n_shards)
-    task_job = ArrayTaskJob(role, path, n_tasks)
+    task_job = ArrayTaskJob(role, path, cfg.cluster.shards_per_task)
     chunk = cfg.cluster.max_array_size or max_array_size()
     tasks_jobs: list = []
     for start in range(0, n_tasks, chunk):

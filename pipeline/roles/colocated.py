@@ -1,5 +1,5 @@
 """Colocated worker: plain vLLM generation (prefill and decode in one engine) over the shards it
-owns. The baseline every disaggregated figure is compared with."""
+claims. The baseline every disaggregated figure is compared with."""
 
 from __future__ import annotations
 
@@ -13,23 +13,25 @@ from pipeline.engine.steps import StepRecorder
 from pipeline.engine.stream import stream_row
 from pipeline.io.output import RowResult, served_row
 from pipeline.io.prompts import Prompt
-from pipeline.roles.shard_owner import own_shards, shards_for_task
+from pipeline.roles.shard_owner import claim_first, own_shards
+from pipeline.runtime.claims import Claims
 from pipeline.runtime.ids import request_id, worker_id
 from pipeline.runtime.rundir import RunDir
 
 
-def colocated_main(run_dir: str, task: int, n_tasks: int, cpus: str | None) -> str:
-    """Entry point of colocated array task ``task`` of ``n_tasks`` (one process). Returns the
-    worker id."""
-    return asyncio.run(_colocated(RunDir(run_dir), task, n_tasks, cpus))
+def colocated_main(run_dir: str, task: int, limit: int | None, cpus: str | None) -> str:
+    """Entry point of colocated array task ``task`` (one process), which claims shards until none
+    is left, at most ``limit`` (None: no limit). Returns the worker id."""
+    return asyncio.run(_colocated(RunDir(run_dir), task, limit, cpus))
 
 
-async def _colocated(run: RunDir, task: int, n_tasks: int, cpus: str | None) -> str:
+async def _colocated(run: RunDir, task: int, limit: int | None, cpus: str | None) -> str:
     cfg = run.config()
     worker = worker_id("colocated", task)
-    shards = shards_for_task(run.shards(), task, n_tasks)
-    if not shards:
-        return worker
+    claims = Claims(run.path, worker)
+    if claim_first(run, claims, limit) is None:
+        return worker  # every shard is done or held by a live worker: no engine to start
+    claims.start_heartbeat()
     recorder = StepRecorder(run.path, worker, "colocated")
     started = time.time()
     engine = build_engine(cfg, "colocated", cpus=cpus, recorder=recorder)
@@ -47,8 +49,9 @@ async def _colocated(run: RunDir, task: int, n_tasks: int, cpus: str | None) -> 
                           others=s.others, samples=lists)
 
     try:
-        await own_shards(run, cfg, shards, worker, load_tokenizer(cfg), serve)
+        await own_shards(run, cfg, claims, worker, load_tokenizer(cfg), serve, limit)
     finally:
+        claims.stop_heartbeat()
         stop_engine(engine)
         recorder.flush()
     return worker

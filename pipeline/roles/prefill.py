@@ -1,4 +1,4 @@
-"""Prefill worker: owns its shards end to end. For each row it runs a 1-token prefill with
+"""Prefill worker: claims shards and owns each end to end. For each row it runs a 1-token prefill with
 ``do_remote_decode`` (vLLM keeps the KV for a NIXL connector), hands the request to a decode
 worker (:mod:`pipeline.roles.handoff`, :mod:`pipeline.roles.router`), waits for the generation,
 and writes the output shard (:mod:`pipeline.roles.shard_owner`)."""
@@ -13,25 +13,27 @@ from pipeline.engine.model import load_tokenizer, model_kv_bytes_per_token
 from pipeline.engine.steps import StepRecorder
 from pipeline.roles.handoff import PrefillHandoff
 from pipeline.roles.router import DecodeRouter, wait_for_decode
-from pipeline.roles.shard_owner import own_shards, shards_for_task
+from pipeline.roles.shard_owner import claim_first, own_shards
+from pipeline.runtime.claims import Claims
 from pipeline.runtime.ids import worker_id
 from pipeline.runtime.net import start_on_side_channel, worker_host
 from pipeline.runtime.rundir import RunDir
 
 
-def prefill_main(run_dir: str, task: int, n_tasks: int, cpus: str | None) -> str:
-    """Entry point of prefill array task ``task`` of ``n_tasks`` (one process). Returns the
-    worker id."""
-    return asyncio.run(_prefill(RunDir(run_dir), task, n_tasks, cpus))
+def prefill_main(run_dir: str, task: int, limit: int | None, cpus: str | None) -> str:
+    """Entry point of prefill array task ``task`` (one process), which claims shards until none
+    is left, at most ``limit`` (None: no limit). Returns the worker id."""
+    return asyncio.run(_prefill(RunDir(run_dir), task, limit, cpus))
 
 
-async def _prefill(run: RunDir, task: int, n_tasks: int, cpus: str | None) -> str:
+async def _prefill(run: RunDir, task: int, limit: int | None, cpus: str | None) -> str:
     attempt = time.time()
     cfg = run.config()
     worker = worker_id("prefill", task)
-    shards = shards_for_task(run.shards(), task, n_tasks)
-    if not shards:
-        return worker
+    claims = Claims(run.path, worker)
+    if claim_first(run, claims, limit) is None:
+        return worker  # every shard is done or held by a live worker: no engine to start
+    claims.start_heartbeat()
     host = worker_host(cfg)
     recorder = StepRecorder(run.path, worker, "prefill")
     # A taken port fails fast, named; a free port lost before vLLM bound it is picked again.
@@ -46,8 +48,9 @@ async def _prefill(run: RunDir, task: int, n_tasks: int, cpus: str | None) -> st
                               run.secret())
         handoff = PrefillHandoff(cfg, engine, router, worker, attempt, model_kv_bytes_per_token(cfg),
                                  run.sample_lists())
-        await own_shards(run, cfg, shards, worker, load_tokenizer(cfg), handoff.serve)
+        await own_shards(run, cfg, claims, worker, load_tokenizer(cfg), handoff.serve, limit)
     finally:
+        claims.stop_heartbeat()
         if router is not None:
             router.close()
         stop_engine(engine)

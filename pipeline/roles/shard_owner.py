@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import Any, AsyncIterator, Awaitable, Callable
+from typing import Any, AsyncIterator, Awaitable, Callable, Iterable
 
 from pipeline.config import Config, SamplingConfig
 import pyarrow as pa
@@ -26,6 +26,7 @@ from pipeline.io.sampling import row_sampling
 from pipeline.io.shards import (Shard, batch_output_url, duplicate_id_rows, iter_batches, output_url, shard_schema,
                                  text_values)
 from pipeline.roles.errors import is_worker_failure
+from pipeline.runtime.claims import Claims
 from pipeline.runtime.ids import row_key
 from pipeline.runtime.rundir import RunDir
 
@@ -55,25 +56,28 @@ READ_ROWS = 1024  # rows read from a shard at a time (one Parquet record batch)
 AHEAD_BATCHES = 2  # record batches read ahead of the oldest one not yet written
 
 
-async def own_shards(run: RunDir, cfg: Config, shards: list[Shard], worker: str, tokenizer: Any,
-                     serve: ServeRow) -> None:
-    """Process ``shards`` in order, skipping those already marked done.
+async def own_shards(run: RunDir, cfg: Config, claims: Claims, worker: str, tokenizer: Any,
+                     serve: ServeRow, limit: int | None = None) -> None:
+    """Claim shards one after another (:class:`~pipeline.runtime.claims.Claims`: this worker's
+    own first, then the next nobody holds, in input order) and serve each, skipping those already
+    done or failed; at most ``limit`` shards in all (None: until none is left).
 
     At most ``job.batch_rows`` rows are being served at once across the worker, whatever the
-    number and size of the shards: the next shard's rows start as soon as every row of the
-    previous one has started. A row that cannot become a prompt, or whose serving raises, becomes
+    number and size of the shards: the next shard is claimed as soon as every row of the
+    previous one has started, so a worker that drew small shards takes the next while another is
+    still on a big one. A row that cannot become a prompt, or whose serving raises, becomes
     an error row: every input row gives exactly one output row, in input order. A shard that
     cannot be read or written is recorded as failed (``RUN_DIR/failed/``) and the others go on.
     """
     progress = Progress(run, worker)
-    done = run.done()
+    shards = {s.index: s for s in run.shards()}
     slots = asyncio.Semaphore(cfg.job.batch_rows)
-    finishing = []
+    finishing, started = [], set()
     try:
-        for shard in shards:
-            if shard.name in done:
-                continue
-            owner = ShardOwner(run, cfg, shard, worker, tokenizer, serve, slots, progress)
+        while (index := claims.claim_next(shards, settled_indices(run, shards.values()), limit, started)) is not None:
+            started.add(index)
+            owner = ShardOwner(run, cfg, shards[index], worker, tokenizer, serve, slots, progress,
+                               still_mine=lambda i=index: claims.holds(i))
             finishing.append(asyncio.create_task(owner.own()))
             await owner.dispatched.wait()
         await asyncio.gather(*finishing)
@@ -81,6 +85,19 @@ async def own_shards(run: RunDir, cfg: Config, shards: list[Shard], worker: str,
         for t in finishing:
             t.cancel()
     progress.add(force=True)
+
+
+def claim_first(run: RunDir, claims: Claims, limit: int | None) -> int | None:
+    """Claim a worker's first shard before its engine starts (None: nothing left for it, so it
+    starts no engine); :func:`own_shards` then finds it among the worker's own claims."""
+    shards = run.shards()
+    return claims.claim_next([s.index for s in shards], settled_indices(run, shards), limit)
+
+
+def settled_indices(run: RunDir, shards: Iterable[Shard]) -> set[int]:
+    """Indices of the shards that are done or failed."""
+    names = set(run.done()) | set(run.failed())
+    return {s.index for s in shards if s.name in names}
 
 
 class _Batch:
@@ -101,7 +118,9 @@ class ShardOwner:
     ``dispatched`` is set once every row has started (or the shard failed)."""
 
     def __init__(self, run: RunDir, cfg: Config, shard: Shard, worker: str, tokenizer: Any,
-                 serve: ServeRow, slots: asyncio.Semaphore, progress: Progress):
+                 serve: ServeRow, slots: asyncio.Semaphore, progress: Progress,
+                 still_mine: Callable[[], bool] = lambda: True):
+        self.still_mine = still_mine
         self.run, self.cfg, self.job, self.shard, self.worker = run, cfg, cfg.job, shard, worker
         self.tokenizer, self.serve, self.slots, self.progress = tokenizer, serve, slots, progress
         self.dispatched = asyncio.Event()
@@ -137,6 +156,8 @@ class ShardOwner:
             return
         finally:
             self.dispatched.set()
+        if not self.still_mine():  # taken over while this worker was silent: the new holder marks it
+            return
         self.checkpoint.clear()
         self.run.mark_done(self.shard, {"shard": self.shard.name, **self.totals, "worker": self.worker,
                                         "resumed_rows": len(self.resumed), "started_at": started,
@@ -309,8 +330,3 @@ class ShardOwner:
         t["prompt_tokens"] += sum(r.prompt_tokens or 0 for r in results)
         t["output_tokens"] += sum(r.output_tokens for r in results)
         t["kv_bytes"] += sum(r.kv_bytes for r in results)
-
-
-def shards_for_task(shards: list[Shard], task: int, n_tasks: int) -> list[Shard]:
-    """The shards array task ``task`` of ``n_tasks`` owns: every ``n_tasks``-th, from ``task``."""
-    return [s for s in shards if s.index % n_tasks == task]

@@ -10,6 +10,7 @@ Layout::
     RUN_DIR/failed/SHARD.json      why a shard failed as a whole (unreadable or unwritable)
     RUN_DIR/progress/WORKER.json   rows and output tokens done so far, rewritten as rows finish
     RUN_DIR/engines/WORKER.json    when a worker's engine started and when it was ready
+    RUN_DIR/claims/                which worker holds which shard (pipeline.runtime.claims)
     RUN_DIR/stop                   written by the launcher once every prefill task has ended
     RUN_DIR/logs/                  submitit's per-worker logs
 """
@@ -39,10 +40,10 @@ class RunDir:
                sample_lists: bool | None = None) -> None:
         """Lay out the run directory, or reuse one from an earlier run of the same job: done
         shards and row checkpoints stay; what belonged to the earlier launch (decode endpoints,
-        progress, engines ready, failed marks, the stop request) goes. Whether ``cfg`` may reuse it (the same
+        progress, engines ready, shard claims, failed marks, the stop request) goes. Whether ``cfg`` may reuse it (the same
         settings as the results there) is checked before, by :mod:`pipeline.preflight`.
         """
-        for sub in ("decode", "progress", "failed", "engines"):
+        for sub in ("decode", "progress", "failed", "engines", "claims"):
             shutil.rmtree(self.path / sub, ignore_errors=True)
         (self.path / "stop").unlink(missing_ok=True)
         for sub in ("decode", "done", "failed", "progress", "logs"):

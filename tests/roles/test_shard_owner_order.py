@@ -17,6 +17,7 @@ from pipeline.io.checkpoint import RowCheckpoint
 from pipeline.io.output import served_row
 from pipeline.io.shards import list_shards
 from pipeline.roles.shard_owner import own_shards
+from pipeline.runtime.claims import Claims
 from pipeline.runtime.rundir import RunDir
 
 N = 12
@@ -51,7 +52,7 @@ def test_each_row_gets_its_own_result_in_input_order(tmp_path):
         return served_row(text=word, token_ids=[1], finish_reason="stop", error=None, token_times=[0.0],
                           prefill_start=0.0, prefill_end=None, prefill_worker="test-0")
 
-    asyncio.run(own_shards(run, cfg, shards, "test-0", tokenizer, serve))
+    asyncio.run(own_shards(run, cfg, Claims(run.path, "test-0"), "test-0", tokenizer, serve))
     out = pq.read_table(run_dir / "output" / "s.parquet").to_pylist()
     assert [r["id"] for r in out] == [f"r{i}" for i in range(N)], out
     assert all(r["error"] is None for r in out), [r["error"] for r in out]

@@ -1,0 +1,171 @@
+"""Work claimed at run time: a prefill or colocated worker takes the next shard nobody holds when
+it has room, instead of a fixed group chosen at submission, so a worker that drew small shards
+goes on to the next one while another is still on a big one (issue #29).
+
+Protocol, on the run directory's shared file system (POSIX or NFS; no lock server)::
+
+    RUN_DIR/claims/shard-00007.0        claim of shard 7, generation 0: {"worker", "host", "pid", "at"}
+    RUN_DIR/claims/shard-00007.1        generation 1: taken over from a dead holder
+    RUN_DIR/claims/workers/WORKER.json  the worker's heartbeat, rewritten every HEARTBEAT_S
+
+- **Claiming** writes the claim to a hidden temporary file and hard-links it to the next
+  generation's name. ``link`` fails with ``EEXIST`` when the name exists, on NFS too (the classic
+  NFS-safe lock), so exactly one claimant wins a generation, and a reader never sees a claim half
+  written. The holder of a shard is the worker named by its highest generation.
+- **A requeued worker** (same worker id: a Slurm requeue, a preempted task) finds its own claims
+  and resumes them first, from the shard's row checkpoints.
+- **A dead holder** is one whose heartbeat has not changed for ``dead_after_s`` seconds of the
+  observer's own clock (no comparison between the clocks of two nodes). Its shard is taken over
+  by linking the next generation; two claimants racing for it cannot both win.
+- **A holder whose shard was taken over** (it was only slow, or cut off) sees that the highest
+  generation no longer names it (:meth:`Claims.holds`) and stops writing that shard.
+- A new launch of the same run directory starts with no claims (:meth:`RunDir.create` clears them):
+  no worker of an earlier launch is still running then.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import socket
+import threading
+import time
+from pathlib import Path
+from typing import Any, Iterable
+
+from pipeline.io.atomic import temporary_name, write_json
+
+HEARTBEAT_S = 5.0  # seconds between a claimant's heartbeats
+DEAD_AFTER_S = 60.0  # a heartbeat unchanged this long (observer's clock) marks its worker dead
+_CLAIM = re.compile(r"^shard-(\d+)\.(\d+)$")
+
+
+class Claims:
+    """One worker's view of the run's claims.
+
+    Args:
+        run_path: the run directory.
+        worker: this worker's id (``prefill-3``); a requeued task has the same id.
+        dead_after_s: seconds a holder's heartbeat may stay unchanged before its claims are
+            taken over.
+    """
+
+    def __init__(self, run_path: str | os.PathLike, worker: str, dead_after_s: float = DEAD_AFTER_S):
+        self.dir = Path(run_path) / "claims"
+        self.worker, self.dead_after_s = worker, dead_after_s
+        self._seen: dict[str, tuple[Any, float]] = {}  # worker -> (heartbeat last read, when it changed)
+        self._beat = 0
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        (self.dir / "workers").mkdir(parents=True, exist_ok=True)
+
+    # -- reading --------------------------------------------------------------------------------
+    def holders(self) -> dict[int, tuple[int, str]]:
+        """Every claimed shard index -> (highest generation, worker named there)."""
+        top: dict[int, int] = {}
+        for name in os.listdir(self.dir):
+            if m := _CLAIM.match(name):
+                i, g = int(m.group(1)), int(m.group(2))
+                top[i] = max(top.get(i, -1), g)
+        out = {}
+        for i, g in top.items():
+            try:
+                out[i] = (g, json.loads((self.dir / _name(i, g)).read_text())["worker"])
+            except (OSError, ValueError, KeyError):
+                out[i] = (g, "")  # unreadable: a holder nobody can name counts as dead
+        return out
+
+    def holds(self, index: int) -> bool:
+        """Whether this worker still holds shard ``index`` (the highest generation names it)."""
+        return self.holders().get(index, (0, ""))[1] == self.worker
+
+    def alive(self, worker: str) -> bool:
+        """Whether ``worker``'s heartbeat changed within the last ``dead_after_s`` seconds of this
+        process's clock (or this process has not watched it that long yet)."""
+        if worker == self.worker:
+            return True
+        try:
+            beat = (self.dir / "workers" / f"{worker}.json").read_text()
+        except OSError:
+            beat = None
+        now = time.monotonic()
+        last = self._seen.get(worker)
+        if last is None or last[0] != beat:
+            self._seen[worker] = (beat, now)
+            return True
+        return now - last[1] < self.dead_after_s
+
+    # -- claiming -------------------------------------------------------------------------------
+    def _link(self, index: int, generation: int) -> bool:
+        """Create generation ``generation`` of shard ``index``'s claim; False if it exists."""
+        final = self.dir / _name(index, generation)
+        tmp = self.dir / temporary_name(final.name)
+        tmp.write_text(json.dumps({"worker": self.worker, "host": socket.gethostname(), "pid": os.getpid(),
+                                   "at": time.time()}))
+        try:
+            os.link(tmp, final)
+            return True
+        except FileExistsError:
+            return False
+        finally:
+            tmp.unlink(missing_ok=True)
+
+    def claim_next(self, indices: Iterable[int], settled: Iterable[int] = (), limit: int | None = None,
+                   exclude: Iterable[int] = ()) -> int | None:
+        """Claim the next shard to serve, in ``indices`` order, and return its index; None when
+        nothing is left for this worker.
+
+        Preference: a shard this worker already holds (a requeued task resumes its own), then one
+        nobody holds, then one whose holder is dead (taken over). ``settled`` shards (done or failed)
+        and ``exclude`` (those this worker is already serving) are skipped; at most ``limit``
+        shards are ever held by this worker (``cluster.shards_per_task``; None: no limit).
+        """
+        settled, exclude = set(settled), set(exclude)
+        order = [i for i in indices if i not in settled and i not in exclude]
+        holders = self.holders()
+        mine = {i for i, (_, w) in holders.items() if w == self.worker}
+        for i in order:
+            if i in mine:
+                return i
+        if limit is not None and len(mine) >= limit:
+            return None
+        for i in order:
+            if i not in holders and self._link(i, 0):
+                return i
+        for i in order:
+            if i in holders and not self.alive(holders[i][1]) and self._link(i, holders[i][0] + 1):
+                return i
+        return None
+
+    # -- heartbeat ------------------------------------------------------------------------------
+    def beat(self) -> None:
+        """Write this worker's heartbeat once (a counter, so that it changes every time)."""
+        self._beat += 1
+        write_json(self.dir / "workers" / f"{self.worker}.json",
+                   {"worker": self.worker, "beat": self._beat, "at": time.time(), "pid": os.getpid()})
+
+    def start_heartbeat(self, every_s: float = HEARTBEAT_S) -> "Claims":
+        """Beat now and then every ``every_s`` seconds from a daemon thread, so that a worker
+        blocked in a long call (an engine starting) still counts as alive."""
+        self.beat()
+
+        def loop() -> None:
+            while not self._stop.wait(every_s):
+                try:
+                    self.beat()
+                except OSError:
+                    pass  # a file system hiccup: the next beat tries again
+
+        self._thread = threading.Thread(target=loop, name=f"claims-heartbeat-{self.worker}", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop_heartbeat(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+
+
+def _name(index: int, generation: int) -> str:
+    return f"shard-{index:05d}.{generation}"

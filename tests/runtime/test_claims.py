@@ -1,0 +1,147 @@
+"""Shard claims (pipeline.runtime.claims), without engines.
+
+- Many claimant processes at once over one claims folder, some killed with SIGKILL while they
+  hold claims: every unit is completed exactly once (a completion is an exclusive create, so a
+  second completion of a unit is caught, not overwritten), and the killed claimants' units are
+  taken over by the survivors.
+- The shard owner with claims over skewed shards: two workers, one big shard and three small
+  ones; the worker that drew the big shard serves only it, the other serves all three small
+  ones (a fixed group, today's ``index mod 2``, would have given the big shard's worker a small
+  one too), and every output row is its own input row's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import multiprocessing as mp
+import os
+import signal
+import threading
+import time
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from pipeline.runtime.claims import Claims
+
+UNITS = 60
+CLAIMANTS = 8
+KILLED = (1, 4, 6)
+
+
+def _claimant(run: str, worker: str, units: int, work_s: float) -> None:
+    """Claim units until every unit is complete; completing one is an exclusive create of
+    ``completed/UNIT``, and a second completion of the same unit is recorded in ``doubles/``."""
+    claims = Claims(run, worker, dead_after_s=1.0).start_heartbeat(every_s=0.1)
+    completed = Path(run) / "completed"
+    while True:
+        done = {int(p.name) for p in completed.iterdir()}
+        if len(done) == units:
+            return
+        unit = claims.claim_next(range(units), done)
+        if unit is None:
+            time.sleep(0.05)  # the rest is held by live claimants, or by dead ones not yet known dead
+            continue
+        time.sleep(work_s)
+        try:
+            fd = os.open(completed / str(unit), os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+            os.write(fd, worker.encode())
+            os.close(fd)
+        except FileExistsError:
+            (Path(run) / "doubles" / f"{unit}-{worker}").touch()
+
+
+def test_many_claimants_some_killed_complete_every_unit_exactly_once(tmp_path):
+    (tmp_path / "completed").mkdir()
+    (tmp_path / "doubles").mkdir()
+    ctx = mp.get_context("fork")
+    # The claimants to be killed are slow: each still holds its first unit, not completed, when killed.
+    procs = [ctx.Process(target=_claimant, args=(str(tmp_path), f"w{i}", UNITS, 0.02 if i not in KILLED else 60))
+             for i in range(CLAIMANTS)]
+    for p in procs:
+        p.start()
+    time.sleep(0.5)
+    held = Claims(tmp_path, "observer").holders()
+    for i in KILLED:
+        os.kill(procs[i].pid, signal.SIGKILL)
+    for p in procs:
+        p.join(timeout=60)
+    assert not any(p.is_alive() for p in procs), "claimants still running after 60 s"
+    completed = {int(p.name): p.read_text() for p in (tmp_path / "completed").iterdir()}
+    assert sorted(completed) == list(range(UNITS))
+    assert not list((tmp_path / "doubles").iterdir()), "units completed twice"
+    # The killed claimants held units they never completed; survivors took them over.
+    orphaned = {u for u, (_, w) in held.items() if w in {f"w{i}" for i in KILLED}} - {
+        u for u, w in completed.items() if w in {f"w{i}" for i in KILLED}}
+    assert orphaned, held
+    assert all(completed[u] not in {f"w{i}" for i in KILLED} for u in orphaned)
+    after = Claims(tmp_path, "observer").holders()
+    assert all(after[u][0] >= 1 for u in orphaned), after  # a later generation: taken over
+
+
+def test_a_requeued_worker_resumes_its_own_claim_and_a_limit_caps_its_claims(tmp_path):
+    a = Claims(tmp_path, "prefill-0")
+    assert a.claim_next(range(4)) == 0
+    b = Claims(tmp_path, "prefill-1")
+    assert b.claim_next(range(4), limit=1) == 1
+    assert b.claim_next(range(4), limit=1, exclude={1}) is None  # holds one already
+    requeued = Claims(tmp_path, "prefill-0")  # same worker id, a new process
+    assert requeued.claim_next(range(4)) == 0
+    assert requeued.claim_next(range(4), settled={0}) == 2
+    assert a.holds(0) and not b.holds(0)
+
+
+def _skewed_input(folder: Path, sizes: list[int]) -> list[list[str]]:
+    folder.mkdir()
+    texts = []
+    for s, n in enumerate(sizes):
+        rows = [f"shard{s}row{i}" for i in range(n)]
+        pq.write_table(pa.table({"id": [f"s{s}r{i}" for i in range(n)], "text": rows}), folder / f"part-{s}.parquet")
+        texts.append(rows)
+    return texts
+
+
+def test_a_worker_that_frees_up_claims_the_next_shard(tmp_path):
+    from pipeline.config import compose
+    from pipeline.engine.model import load_tokenizer
+    from pipeline.io.output import served_row
+    from pipeline.io.shards import list_shards
+    from pipeline.roles.shard_owner import own_shards
+    from pipeline.runtime.rundir import RunDir
+
+    texts = _skewed_input(tmp_path / "input", [12, 2, 2, 2])
+    words = [t for shard in texts for t in shard]
+    run_dir = tmp_path / "run"
+    cfg = compose(["+job=summarize", f"job.input={tmp_path / 'input'}", f"run.dir={run_dir}", "job.batch_rows=1"])
+    run = RunDir(run_dir)
+    run.create(cfg, list_shards(str(tmp_path / "input")), str(run_dir / "output"), len(words))
+    tokenizer = load_tokenizer(cfg)
+
+    def worker(claims: Claims) -> None:
+        name = claims.worker
+
+        async def serve(p):
+            await asyncio.sleep(0.05)
+            text = tokenizer.decode(p.token_ids)
+            word = max((w for w in words if w in text), key=len)  # shard0row1 is in shard0row10
+            return served_row(text=word, token_ids=[1], finish_reason="stop", error=None, token_times=[0.0],
+                              prefill_start=0.0, prefill_end=None, prefill_worker=name)
+
+        asyncio.run(own_shards(run, cfg, claims, name, tokenizer, serve))
+
+    claims = [Claims(run.path, "colocated-0"), Claims(run.path, "colocated-1")]
+    assert [c.claim_next([i]) for i, c in enumerate(claims)] == [0, 1]  # as claim_first does: who draws the big shard
+    threads = [threading.Thread(target=worker, args=(c,)) for c in claims]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    done = run.done()
+    assert {name: m["worker"] for name, m in done.items()} == {
+        "part-0.parquet": "colocated-0", "part-1.parquet": "colocated-1",
+        "part-2.parquet": "colocated-1", "part-3.parquet": "colocated-1"}, done
+    for s, rows in enumerate(texts):
+        out = pq.read_table(run_dir / "output" / f"part-{s}.parquet").to_pylist()
+        assert [(r["id"], r["generation"], r["error"]) for r in out] == [
+            (f"s{s}r{i}", t, None) for i, t in enumerate(rows)]
