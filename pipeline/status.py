@@ -8,6 +8,7 @@ import sys
 import time
 
 from pipeline.io.shards import run_files
+from pipeline.runtime.claims import holders
 from pipeline.runtime.rundir import RunDir
 
 
@@ -48,8 +49,8 @@ def _end(run: RunDir, start: float) -> float | None:
 def status_text(run: RunDir) -> str:
     """What ``python -m pipeline.status`` prints: shards done / failed / total, rows, rows/s
     (over :func:`elapsed_s`), ETA, the engines' start-up while some are not ready
-    (:meth:`RunDir.starting_engines`), each worker's progress and each decode worker's
-    heartbeat.
+    (:meth:`RunDir.starting_engines`), the shards being served and by whom (their claims,
+    :mod:`pipeline.runtime.claims`), each worker's progress and each decode worker's heartbeat.
 
     Raises:
         FileNotFoundError: ``run`` is not a run directory.
@@ -73,6 +74,11 @@ def status_text(run: RunDir) -> str:
     starting = None if finished or jobs is None else run.starting_engines(*jobs)
     if starting:
         lines.append(starting)
+    settled, held = set(done) | set(failed), holders(run.path)
+    serving = [f"{s.name} ({held[s.index][1].split('@')[0]}{', taken over' if held[s.index][0] else ''})"
+               for s in shards if s.index in held and s.name not in settled]
+    if serving:
+        lines.append("serving: " + ", ".join(serving[:8]) + (f" and {len(serving) - 8} more" if len(serving) > 8 else ""))
     for w in sorted(workers, key=lambda w: w["worker"]):
         lines.append(f"  {w['worker']}: {w['rows']} rows, {w['output_tokens']} output tokens, "
                      f"{w['shards']} shards")

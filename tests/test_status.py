@@ -92,3 +92,22 @@ def test_engines_starting_are_shown_until_every_engine_that_has_work_is_ready(tm
     assert colocated.starting_engines(1, 0) == "starting engines: colocated 0/1 ready"
     run.create(compose(["+job=summarize"]), shards, str(tmp_path / "out"))
     assert run.starting_engines(3, 1) == "starting engines: prefill 0/2, decode 0/1 ready"
+
+
+def test_the_shards_being_served_are_named_with_their_holder(tmp_path):
+    from pipeline.runtime.claims import Claims
+
+    run, shards, start = _run(tmp_path)
+    assert "serving" not in status_text(run)  # nothing claimed yet
+    Claims(run.path, "prefill-0@n1").claim_next([0])
+    later = Claims(run.path, "prefill-1@n2", dead_after_s=0.0)
+    later.claim_next([1])
+    assert "serving: part-0.parquet (prefill-0), part-1.parquet (prefill-1)" in status_text(run)
+    _done(run, shards[0], start + 5, start + 30)
+    # prefill-1 went silent; prefill-0 takes its shard over (dead after 0 s: at once).
+    taker = Claims(run.path, "prefill-0@n1", dead_after_s=0.0)
+    assert taker.alive("prefill-1@n2")  # first look: not watched long enough
+    time.sleep(0.01)
+    assert taker.claim_next([0, 1], settled={0}) == 1
+    text = status_text(run)
+    assert "serving: part-1.parquet (prefill-0, taken over)" in text, text

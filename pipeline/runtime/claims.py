@@ -63,18 +63,7 @@ class Claims:
     # -- reading --------------------------------------------------------------------------------
     def holders(self) -> dict[int, tuple[int, str]]:
         """Every claimed shard index -> (highest generation, worker named there)."""
-        top: dict[int, int] = {}
-        for name in os.listdir(self.dir):
-            if m := _CLAIM.match(name):
-                i, g = int(m.group(1)), int(m.group(2))
-                top[i] = max(top.get(i, -1), g)
-        out = {}
-        for i, g in top.items():
-            try:
-                out[i] = (g, json.loads((self.dir / _name(i, g)).read_text())["worker"])
-            except (OSError, ValueError, KeyError):
-                out[i] = (g, "")  # unreadable: a holder nobody can name counts as dead
-        return out
+        return holders(self.dir.parent)
 
     def holds(self, index: int) -> bool:
         """Whether this worker still holds shard ``index`` (the highest generation names it)."""
@@ -165,6 +154,24 @@ class Claims:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=5)
+
+
+def holders(run_path: str | os.PathLike) -> dict[int, tuple[int, str]]:
+    """Every claimed shard index of the run at ``run_path`` -> (highest generation, worker named
+    there); {} before any claim. Reads only (``pipeline.status`` uses it)."""
+    folder = Path(run_path) / "claims"
+    top: dict[int, int] = {}
+    for name in (os.listdir(folder) if folder.is_dir() else ()):
+        if m := _CLAIM.match(name):
+            i, g = int(m.group(1)), int(m.group(2))
+            top[i] = max(top.get(i, -1), g)
+    out = {}
+    for i, g in top.items():
+        try:
+            out[i] = (g, json.loads((folder / _name(i, g)).read_text())["worker"])
+        except (OSError, ValueError, KeyError):
+            out[i] = (g, "")  # unreadable: a holder nobody can name counts as dead
+    return out
 
 
 def _name(index: int, generation: int) -> str:
