@@ -9,6 +9,7 @@ from pathlib import Path
 
 from pipeline.config import Config
 from pipeline.io.atomic import write_json
+from pipeline.io.units import plan_units
 from pipeline.preflight import Plan, preflight
 from pipeline.report.text import stalls_text
 from pipeline.runtime.rundir import RunDir
@@ -130,7 +131,7 @@ def start_job(cfg: Config) -> RunHandle:
         cfg, choice = _choose_pools(cfg, plan)
     if cfg.run.dry_run:
         return RunHandle(cfg, run, Jobs(), output, len(shards), total_rows, plan)
-    run.create(cfg, shards, output, total_rows, plan.sample_lists)
+    run.create(cfg, shards, output, total_rows, plan.sample_lists, plan_units(shards, plan.rows, cfg.job.unit_rows))
     if choice is not None:
         write_json(run.path / "pools.json", asdict(choice))
     done = run.done()
@@ -145,7 +146,7 @@ def start_job(cfg: Config) -> RunHandle:
     else:
         from pipeline.launch.slurm import launch_slurm
 
-        jobs = launch_slurm(cfg, run, len(shards))
+        jobs = launch_slurm(cfg, run, len(run.units()))
     write_json(run.path / "jobs.json", {"array_tasks": [j.job_id for j in jobs.array_tasks],
                                         "decode": [j.job_id for j in jobs.decode]})
     return RunHandle(cfg, run, jobs, output, len(shards), total_rows, plan)

@@ -74,9 +74,11 @@ def status_text(run: RunDir) -> str:
     starting = None if finished or jobs is None else run.starting_engines(*jobs)
     if starting:
         lines.append(starting)
-    settled, held = set(done) | set(failed), holders(run.path)
-    serving = [f"{s.name} ({held[s.index][1].split('@')[0]}{', taken over' if held[s.index][0] else ''})"
-               for s in shards if s.index in held and s.name not in settled]
+    settled, held, names = set(done) | set(failed), holders(run.path), {s.index: s.name for s in shards}
+    serving = [f"{names[u.shard]}{' ' + u.label() if u.split else ''} ({held[i][1].split('@')[0]}"
+               f"{', taken over' if held[i][0] else ''})"
+               for i, u in enumerate(run.units()) if i in held and names[u.shard] not in settled
+               and not (u.split and (run.parts_dir(shards[u.shard]) / f"part-{u.part:05d}.json").exists())]
     if serving:
         lines.append("serving: " + ", ".join(serving[:8]) + (f" and {len(serving) - 8} more" if len(serving) > 8 else ""))
     for w in sorted(workers, key=lambda w: w["worker"]):

@@ -3,7 +3,7 @@ owned in a fresh process, with the engine left out by construction.
 
     python tools/bench_memory.py [--rows 10000,100000,1000000] [--checkpoint-rows 1000] [--work DIR]
 
-What runs: ``pipeline.roles.shard_owner.own_shards``, the code a prefill or colocated worker runs
+What runs: ``pipeline.roles.work.own_shards``, the code a prefill or colocated worker runs
 for its shards (streaming read, prompt rendering with the bundled model's real tokenizer, row
 checkpoints, request metrics, the incremental output writer), with a serve function that answers
 every row at once with a 1-token generation instead of a vLLM engine: vLLM's engine core runs in
@@ -60,7 +60,7 @@ def own_one(work: Path, rows: int, checkpoint_rows: int) -> dict:
     from pipeline.engine.model import load_tokenizer
     from pipeline.io.output import served_row
     from pipeline.io.shards import list_shards
-    from pipeline.roles.shard_owner import own_shards
+    from pipeline.roles.work import own_shards
     from pipeline.runtime.claims import Claims
     from pipeline.runtime.rundir import RunDir
 

@@ -132,6 +132,7 @@ class JobConfig:
     sampling: SamplingConfig = field(default_factory=SamplingConfig)  # sampling for every row (the group below)
     batch_rows: int = 16  # rows a prefill/colocated worker keeps in flight
     checkpoint_rows: int = 4  # finished rows saved together so a restarted owner resumes mid-shard
+    unit_rows: Optional[int] = 50000  # a bigger Parquet shard is served in parts of its row groups (~this many rows); null: never
     too_long: str = "error"  # a prompt longer than the context: "error" row, or "truncate" the text
     # A column of OpenAI chat messages (a list of {role, content} structs) to render with the
     # model's chat template instead of text_column + prompt_template; null: plain text rows.
@@ -158,6 +159,7 @@ class JobConfig:
         _check(self.batch_rows >= 1, "job.batch_rows", f"must be >= 1, got {self.batch_rows}")
         _check(self.too_long in ("error", "truncate"), "job.too_long", f"must be error or truncate, got {self.too_long!r}")
         _check(self.checkpoint_rows >= 1, "job.checkpoint_rows", f"must be >= 1, got {self.checkpoint_rows}")
+        _check(self.unit_rows is None or self.unit_rows >= 1, "job.unit_rows", f"must be >= 1 or null, got {self.unit_rows}")
         _check(not (self.rag is not None and self.messages_column), "job.messages_column",
                "the RAG job reads each question from job.text_column and builds its prompt from the "
                "retrieved passages; chat messages are not supported there, set job.messages_column=null")
@@ -183,18 +185,16 @@ class ModelConfig:
     kv_cache_gib: float = 1.0  # GiB of KV cache per worker (vLLM CPU: VLLM_CPU_KVCACHE_SPACE)
     gpu_memory_utilization: float = 0.3  # share of GPU memory vLLM may use (GPU only)
     enforce_eager: bool = False  # no CUDA graphs / compilation (vLLM's enforce_eager)
-    # vLLM's max_num_batched_tokens for prefill engines (null: vLLM's default, 2048 on CPU): a
-    # finished request's KV leaves between engine steps, so a smaller chunk lets hand-offs start
-    # sooner while long prompts are prefilled (BENCHMARKS.md).
+    # vLLM's max_num_batched_tokens for prefill engines (null: vLLM's default, 2048 on CPU): a finished request's KV
+    # leaves between engine steps, so a smaller chunk lets hand-offs start sooner while long prompts are prefilled.
     prefill_chunk_tokens: Optional[int] = None
-    # KV blocks of each decode engine's cache (vLLM's num_gpu_blocks_override); null: as many as
-    # kv_cache_gib / gpu_memory_utilization give. Smaller than that to test a decode pool short of KV.
+    # KV blocks of each decode engine's cache (vLLM's num_gpu_blocks_override); null: as many as kv_cache_gib /
+    # gpu_memory_utilization give. Smaller than that to test a decode pool short of KV.
     decode_kv_blocks: Optional[int] = None
     seed: int = 0  # vLLM's engine seed: sampling's random state for rows without job.sampling.seed
-    # Any vllm AsyncEngineArgs field (max_num_seqs, kv_cache_dtype, ...): engine_kwargs for every
-    # engine, then prefill_/decode_engine_kwargs for that pool (they win); colocated engines take
-    # engine_kwargs only. Checked at start (pipeline.preflight.engine_args). Open dicts, so that
-    # model.engine_kwargs.KEY=V adds a key without Hydra's + (Hydra closes every other dict).
+    # Any vllm AsyncEngineArgs field (max_num_seqs, kv_cache_dtype, ...): engine_kwargs for every engine, then prefill_/
+    # decode_engine_kwargs for that pool (they win); colocated: engine_kwargs only. Checked at start (preflight.engine_args);
+    # open dicts, so model.engine_kwargs.KEY=V adds a key without Hydra's +.
     engine_kwargs: dict[str, Any] = field(default_factory=lambda: OmegaConf.create({}, flags={"struct": False}))
     prefill_engine_kwargs: dict[str, Any] = field(default_factory=lambda: OmegaConf.create({}, flags={"struct": False}))  # vLLM engine arguments for prefill engines only
     decode_engine_kwargs: dict[str, Any] = field(default_factory=lambda: OmegaConf.create({}, flags={"struct": False}))  # vLLM engine arguments for decode engines only

@@ -247,18 +247,22 @@ def shard_rows(shard: Shard) -> int:
         return pq.ParquetFile(f).metadata.num_rows if fmt == "parquet" else formats.count_rows(fmt, f)
 
 
-def iter_batches(shard: Shard, rows: int, columns: list[str] | None = None) -> Iterator[tuple[int, pa.RecordBatch]]:
+def iter_batches(shard: Shard, rows: int, columns: list[str] | None = None,
+                 row_groups: tuple[int, int] | None = None, first_row: int = 0) -> Iterator[tuple[int, pa.RecordBatch]]:
     """The shard's rows (``columns``, default all) as ``(first row index, record batch)`` of at
     most ``rows`` rows each, read one batch at a time (memory holds one batch, not the shard).
-    JSON Lines and CSV shards are parsed whole and their batches cut to ``columns``."""
+    ``row_groups`` (Parquet): only ``groups`` row groups from ``first``, whose first row is
+    ``first_row`` (a unit of a split shard, :mod:`pipeline.io.units`). JSON Lines and CSV shards
+    are parsed whole and their batches cut to ``columns``."""
     fmt = shard_format(shard)
     fs, path = url_to_fs(shard.url)
     with fs.open(path, "rb") as f:
         if fmt == "parquet":
-            batches = pq.ParquetFile(f).iter_batches(batch_size=rows, columns=columns)
+            groups = None if row_groups is None else list(range(row_groups[0], row_groups[0] + row_groups[1]))
+            batches = pq.ParquetFile(f).iter_batches(batch_size=rows, columns=columns, row_groups=groups)
         else:
             batches = (b.select(columns) if columns is not None else b for b in _text_batches(fmt, f, rows)[1])
-        first = 0
+        first = first_row
         for batch in batches:
             yield first, batch
             first += batch.num_rows

@@ -29,13 +29,13 @@ def max_array_size() -> int:
     return int(m.group(1)) if m else 1001
 
 
-def n_array_tasks(cfg: Config, n_shards: int) -> int:
-    """Array tasks over ``n_shards`` shards: enough for each to claim at most
-    ``cluster.shards_per_task`` shards (so that each fits the cluster's time limit), or
-    ``pools.prefill`` when that is unset; never more than there are shards."""
+def n_array_tasks(cfg: Config, n_units: int) -> int:
+    """Array tasks over ``n_units`` work units (shards, or parts of big ones): enough for each
+    to claim at most ``cluster.shards_per_task`` units (so that each fits the cluster's time
+    limit), or ``pools.prefill`` when that is unset; never more than there are units."""
     per = cfg.cluster.shards_per_task
-    n = math.ceil(n_shards / per) if per else cfg.pools.prefill
-    return max(1, min(n, n_shards))
+    n = math.ceil(n_units / per) if per else cfg.pools.prefill
+    return max(1, min(n, n_units))
 
 
 def _executor(cfg: Config, run: RunDir, name: str, tp: int, partition: str | None) -> submitit.SlurmExecutor:
@@ -53,7 +53,7 @@ def _executor(cfg: Config, run: RunDir, name: str, tp: int, partition: str | Non
     return ex
 
 
-def launch_slurm(cfg: Config, run: RunDir, n_shards: int) -> Jobs:
+def launch_slurm(cfg: Config, run: RunDir, n_units: int) -> Jobs:
     """Submit the run's jobs; returns them without waiting."""
     path, tag = str(run.path), run.path.name
     decode_jobs = []
@@ -66,7 +66,7 @@ def launch_slurm(cfg: Config, run: RunDir, n_shards: int) -> Jobs:
         decode_jobs = [ex.submit(DecodeJob(path), None, cfg.cluster.decode_cpus)]
         depends = f"after:{decode_jobs[0].job_id}"
     role = "prefill" if cfg.pools.mode == "disaggregated" else "colocated"
-    n_tasks = n_array_tasks(cfg, n_shards)
+    n_tasks = n_array_tasks(cfg, n_units)
     task_job = ArrayTaskJob(role, path, cfg.cluster.shards_per_task)
     chunk = cfg.cluster.max_array_size or max_array_size()
     tasks_jobs: list = []

@@ -13,7 +13,7 @@ from pipeline.engine.steps import StepRecorder
 from pipeline.engine.stream import stream_row
 from pipeline.io.output import RowResult, served_row
 from pipeline.io.prompts import Prompt
-from pipeline.roles.shard_owner import claim_first, own_shards
+from pipeline.roles.work import claim_first, own_shards
 from pipeline.runtime.claims import Claims
 from pipeline.runtime.ids import request_id, worker_id
 from pipeline.runtime.rundir import RunDir

@@ -13,7 +13,7 @@ from pipeline.engine.model import load_tokenizer, model_kv_bytes_per_token
 from pipeline.engine.steps import StepRecorder
 from pipeline.roles.handoff import PrefillHandoff
 from pipeline.roles.router import DecodeRouter, wait_for_decode
-from pipeline.roles.shard_owner import claim_first, own_shards
+from pipeline.roles.work import claim_first, own_shards
 from pipeline.runtime.claims import Claims
 from pipeline.runtime.ids import worker_id
 from pipeline.runtime.net import start_on_side_channel, worker_host

@@ -1,13 +1,16 @@
-"""Shard ownership, shared by prefill and colocated workers: stream a shard's rows, turn them into
-prompts, serve each prompt (at most ``job.batch_rows`` in flight per worker), write the output
-shard incrementally and atomically, and mark the shard done. The owner is the only writer of its
-output shard."""
+"""Shard ownership, shared by prefill and colocated workers: stream a shard's rows (or one work
+unit's, a row range of a split shard: :mod:`pipeline.io.units`), turn them into prompts, serve
+each prompt (at most ``job.batch_rows`` in flight per worker), write the output shard (or the
+unit's part) incrementally and atomically, and mark the shard (or part) done. The owner is the
+only writer of its output; a split shard's output is assembled from its parts by one worker
+(:func:`finish_split`). Which worker serves what is :mod:`pipeline.roles.work`'s."""
 
 from __future__ import annotations
 
 import asyncio
+import shutil
 import time
-from typing import Any, AsyncIterator, Awaitable, Callable, Iterable
+from typing import Any, AsyncIterator, Awaitable, Callable
 
 from pipeline.config import Config, SamplingConfig
 import pyarrow as pa
@@ -23,10 +26,10 @@ from pipeline.io.openai_batch import (REQUEST_SAMPLING, body_errors, is_request_
 from pipeline.io.output import RowResult, build_output, output_schema, row_ids
 from pipeline.io.prompts import Prompt, make_prompts
 from pipeline.io.sampling import row_sampling
+from pipeline.io.units import Unit, assemble, part_done, parts_done
 from pipeline.io.shards import (Shard, batch_output_url, duplicate_id_rows, iter_batches, output_url, shard_schema,
                                  text_values)
 from pipeline.roles.errors import is_worker_failure
-from pipeline.runtime.claims import Claims
 from pipeline.runtime.ids import row_key
 from pipeline.runtime.rundir import RunDir
 
@@ -56,50 +59,6 @@ READ_ROWS = 1024  # rows read from a shard at a time (one Parquet record batch)
 AHEAD_BATCHES = 2  # record batches read ahead of the oldest one not yet written
 
 
-async def own_shards(run: RunDir, cfg: Config, claims: Claims, worker: str, tokenizer: Any,
-                     serve: ServeRow, limit: int | None = None) -> None:
-    """Claim shards one after another (:class:`~pipeline.runtime.claims.Claims`: this worker's
-    own first, then the next nobody holds, in input order) and serve each, skipping those already
-    done or failed; at most ``limit`` shards in all (None: until none is left).
-
-    At most ``job.batch_rows`` rows are being served at once across the worker, whatever the
-    number and size of the shards: the next shard is claimed as soon as every row of the
-    previous one has started, so a worker that drew small shards takes the next while another is
-    still on a big one. A row that cannot become a prompt, or whose serving raises, becomes
-    an error row: every input row gives exactly one output row, in input order. A shard that
-    cannot be read or written is recorded as failed (``RUN_DIR/failed/``) and the others go on.
-    """
-    progress = Progress(run, worker)
-    shards = {s.index: s for s in run.shards()}
-    slots = asyncio.Semaphore(cfg.job.batch_rows)
-    finishing, started = [], set()
-    try:
-        while (index := claims.claim_next(shards, settled_indices(run, shards.values()), limit, started)) is not None:
-            started.add(index)
-            owner = ShardOwner(run, cfg, shards[index], worker, tokenizer, serve, slots, progress,
-                               still_mine=lambda i=index: claims.holds(i))
-            finishing.append(asyncio.create_task(owner.own()))
-            await owner.dispatched.wait()
-        await asyncio.gather(*finishing)
-    finally:
-        for t in finishing:
-            t.cancel()
-    progress.add(force=True)
-
-
-def claim_first(run: RunDir, claims: Claims, limit: int | None) -> int | None:
-    """Claim a worker's first shard before its engine starts (None: nothing left for it, so it
-    starts no engine); :func:`own_shards` then finds it among the worker's own claims."""
-    shards = run.shards()
-    return claims.claim_next([s.index for s in shards], settled_indices(run, shards), limit)
-
-
-def settled_indices(run: RunDir, shards: Iterable[Shard]) -> set[int]:
-    """Indices of the shards that are done or failed."""
-    names = set(run.done()) | set(run.failed())
-    return {s.index for s in shards if s.name in names}
-
-
 class _Batch:
     """One record batch of a shard in flight: its rows' tasks, written once all have ended."""
 
@@ -115,19 +74,28 @@ class ShardOwner:
     place when the shard is complete: one atomic output per shard). At most ``AHEAD_BATCHES``
     record batches wait behind the oldest unwritten one. Finished rows are also saved in row
     checkpoints (``job.checkpoint_rows`` at a time), from which a restarted owner resumes.
-    ``dispatched`` is set once every row has started (or the shard failed)."""
+    ``dispatched`` is set once every row has started (or the shard failed).
+
+    With a split ``unit``, only its row groups are read and they go to its part
+    (``RUN_DIR/parts/<shard>/part-K.parquet``); the part is marked written, and when every part
+    is, the owner that wins the shard's ``assembly`` claim assembles the output shard.
+    ``still_mine``: whether this worker still holds the unit (false: taken over; nothing is
+    marked)."""
 
     def __init__(self, run: RunDir, cfg: Config, shard: Shard, worker: str, tokenizer: Any,
                  serve: ServeRow, slots: asyncio.Semaphore, progress: Progress,
-                 still_mine: Callable[[], bool] = lambda: True):
-        self.still_mine = still_mine
+                 still_mine: Callable[[], bool] = lambda: True, unit: Unit | None = None,
+                 assembly: Callable[[], bool] = lambda: True):
+        self.still_mine, self.assembly = still_mine, assembly
+        self.unit = unit or Unit(shard.index)
         self.run, self.cfg, self.job, self.shard, self.worker = run, cfg, cfg.job, shard, worker
         self.tokenizer, self.serve, self.slots, self.progress = tokenizer, serve, slots, progress
         self.dispatched = asyncio.Event()
         self.queue: asyncio.Queue[_Batch | None] = asyncio.Queue(maxsize=AHEAD_BATCHES)
         # Request metrics are written with each checkpoint batch, once their rows' results are saved.
         self.samples = run.sample_lists()  # the sample columns are lists
-        self.checkpoint = RowCheckpoint(run.checkpoint_dir(shard), cfg.job.checkpoint_rows,
+        self.checkpoint = RowCheckpoint(run.parts_dir(shard) / f"checkpoints-{self.unit.part:05d}" if self.unit.split
+                                        else run.checkpoint_dir(shard), cfg.job.checkpoint_rows,
                                         with_batch=lambda records: write_request_metrics(run.path, shard.name, records),
                                         samples=self.samples)
         self.resumed: dict[int, RowResult] = {}
@@ -159,17 +127,25 @@ class ShardOwner:
         if not self.still_mine():  # taken over while this worker was silent: the new holder marks it
             return
         self.checkpoint.clear()
-        self.run.mark_done(self.shard, {"shard": self.shard.name, **self.totals, "worker": self.worker,
-                                        "resumed_rows": len(self.resumed), "started_at": started,
-                                        "finished_at": time.time()})
-        self.progress.add(shards=1, force=True)
+        totals = {**self.totals, "worker": self.worker, "resumed_rows": len(self.resumed), "started_at": started,
+                  "finished_at": time.time()}
+        if not self.unit.split:
+            self.run.mark_done(self.shard, {"shard": self.shard.name, **totals})
+            self.progress.add(shards=1, force=True)
+            return
+        part_done(self.run.parts_dir(self.shard), self.unit, totals)
+        if parts_done(self.run.parts_dir(self.shard), self.unit.parts) and self.assembly():
+            await asyncio.to_thread(finish_split, self.run, self.shard, self.unit.parts, self.tokenizer,
+                                    self.worker, self.progress)
 
     async def _dispatch(self, writer: asyncio.Task) -> None:
         """Read the shard batch by batch and start its rows; returns when every row started."""
         self.resumed = await asyncio.to_thread(self.checkpoint.load)
         self.progress.add(rows=len(self.resumed), output_tokens=sum(r.output_tokens for r in self.resumed.values()))
         duplicates = await asyncio.to_thread(duplicate_id_rows, self.shard, self.job.id_column)
-        batches = iter_batches(self.shard, READ_ROWS)
+        u = self.unit
+        batches = iter_batches(self.shard, READ_ROWS, row_groups=(u.first_group, u.groups) if u.split else None,
+                               first_row=u.first_row)
         try:
             while (item := await asyncio.to_thread(next, batches, None)) is not None:
                 first_row, rows = item
@@ -298,7 +274,8 @@ class ShardOwner:
             input_schema = input_schema.remove(input_schema.get_field_index(LINE_ERROR))
         schema = output_schema(input_schema, job.id_column, job.prompt_column, rag, job.input_column_prefix,
                                self.samples)
-        url = output_url(self.run.output_dir(), self.shard)
+        url = (str(self.run.parts_dir(self.shard) / f"part-{self.unit.part:05d}.parquet") if self.unit.split
+               else output_url(self.run.output_dir(), self.shard))
         pending: list[asyncio.Task] = []
         with atomic_write(url) as f:
             writer = pq.ParquetWriter(f, schema)
@@ -319,7 +296,7 @@ class ShardOwner:
                 await self.checkpoint.flush()  # the last rows' metrics
             finally:
                 writer.close()
-        if batch_file:  # an OpenAI batch file: its output lines too, from the shard
+        if batch_file and not self.unit.split:  # an OpenAI batch file: its output lines too, from the shard
             await asyncio.to_thread(write_batch_output, url, batch_output_url(self.run.output_dir(), self.shard),
                                     self.tokenizer)
 
@@ -330,3 +307,25 @@ class ShardOwner:
         t["prompt_tokens"] += sum(r.prompt_tokens or 0 for r in results)
         t["output_tokens"] += sum(r.output_tokens for r in results)
         t["kv_bytes"] += sum(r.kv_bytes for r in results)
+
+
+def finish_split(run: RunDir, shard: Shard, parts: int, tokenizer: Any, worker: str,
+                 progress: Progress | None = None) -> None:
+    """Assemble split ``shard``'s output from its ``parts`` (all written), in row order, write an
+    OpenAI batch file's output lines from it, mark the shard done with the parts' totals summed,
+    and remove the parts. The caller holds the shard's assembly claim."""
+    folder = run.parts_dir(shard)
+    totals = parts_done(folder, parts)
+    if totals is None or shard.name in run.done():
+        return
+    url = output_url(run.output_dir(), shard)
+    assemble(folder, parts, url)
+    if is_request_batch(shard_schema(shard)):
+        write_batch_output(url, batch_output_url(run.output_dir(), shard), tokenizer)
+    summed = {k: sum(t[k] for t in totals) for k in ("rows", "errors", "prompt_tokens", "output_tokens", "kv_bytes",
+                                                      "resumed_rows")}
+    run.mark_done(shard, {"shard": shard.name, **summed, "worker": worker, "parts": [t["worker"] for t in totals],
+                          "started_at": min(t["started_at"] for t in totals), "finished_at": time.time()})
+    shutil.rmtree(folder, ignore_errors=True)
+    if progress is not None:
+        progress.add(shards=1, force=True)

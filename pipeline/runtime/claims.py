@@ -1,24 +1,27 @@
-"""Work claimed at run time: a prefill or colocated worker takes the next shard nobody holds when
-it has room, instead of a fixed group chosen at submission, so a worker that drew small shards
-goes on to the next one while another is still on a big one (issue #29).
+"""Work claimed at run time: a prefill or colocated worker takes the next work unit (a shard, or
+a row range of a big one: :mod:`pipeline.io.units`) nobody holds when it has room, instead of a
+fixed group chosen at submission, so a worker that drew small units goes on to the next one
+while another is still on a big one (issue #29). Claims are by unit index (the position in
+``RunDir.units()``); the assembly of split shard ``s`` from its parts is claimed as index
+``len(units) + s``, so that one worker assembles it.
 
 Protocol, on the run directory's shared file system (POSIX or NFS; no lock server)::
 
-    RUN_DIR/claims/shard-00007.0        claim of shard 7, generation 0: {"worker", "host", "pid", "at"}
-    RUN_DIR/claims/shard-00007.1        generation 1: taken over from a dead holder
+    RUN_DIR/claims/unit-00007.0         claim of unit 7, generation 0: {"worker", "host", "pid", "at"}
+    RUN_DIR/claims/unit-00007.1         generation 1: taken over from a dead holder
     RUN_DIR/claims/workers/WORKER.json  the worker's heartbeat, rewritten every HEARTBEAT_S
 
 - **Claiming** writes the claim to a hidden temporary file and hard-links it to the next
   generation's name. ``link`` fails with ``EEXIST`` when the name exists, on NFS too (the classic
   NFS-safe lock), so exactly one claimant wins a generation, and a reader never sees a claim half
-  written. The holder of a shard is the worker named by its highest generation.
+  written. The holder of a unit is the worker named by its highest generation.
 - **A requeued worker** (same worker id: a Slurm requeue, a preempted task) finds its own claims
-  and resumes them first, from the shard's row checkpoints.
+  and resumes them first, from the unit's row checkpoints.
 - **A dead holder** is one whose heartbeat has not changed for ``dead_after_s`` seconds of the
-  observer's own clock (no comparison between the clocks of two nodes). Its shard is taken over
+  observer's own clock (no comparison between the clocks of two nodes). Its unit is taken over
   by linking the next generation; two claimants racing for it cannot both win.
-- **A holder whose shard was taken over** (it was only slow, or cut off) sees that the highest
-  generation no longer names it (:meth:`Claims.holds`) and stops writing that shard.
+- **A holder whose unit was taken over** (it was only slow, or cut off) sees that the highest
+  generation no longer names it (:meth:`Claims.holds`) and does not mark it done.
 - A new launch of the same run directory starts with no claims (:meth:`RunDir.create` clears them):
   no worker of an earlier launch is still running then.
 """
@@ -38,7 +41,7 @@ from pipeline.io.atomic import temporary_name, write_json
 
 HEARTBEAT_S = 5.0  # seconds between a claimant's heartbeats
 DEAD_AFTER_S = 60.0  # a heartbeat unchanged this long (observer's clock) marks its worker dead
-_CLAIM = re.compile(r"^shard-(\d+)\.(\d+)$")
+_CLAIM = re.compile(r"^unit-(\d+)\.(\d+)$")
 
 
 class Claims:
@@ -62,11 +65,11 @@ class Claims:
 
     # -- reading --------------------------------------------------------------------------------
     def holders(self) -> dict[int, tuple[int, str]]:
-        """Every claimed shard index -> (highest generation, worker named there)."""
+        """Every claimed index -> (highest generation, worker named there)."""
         return holders(self.dir.parent)
 
     def holds(self, index: int) -> bool:
-        """Whether this worker still holds shard ``index`` (the highest generation names it)."""
+        """Whether this worker still holds unit ``index`` (the highest generation names it)."""
         return self.holders().get(index, (0, ""))[1] == self.worker
 
     def alive(self, worker: str) -> bool:
@@ -87,7 +90,7 @@ class Claims:
 
     # -- claiming -------------------------------------------------------------------------------
     def _link(self, index: int, generation: int) -> bool:
-        """Create generation ``generation`` of shard ``index``'s claim; False if it exists."""
+        """Create generation ``generation`` of unit ``index``'s claim; False if it exists."""
         final = self.dir / _name(index, generation)
         tmp = self.dir / temporary_name(final.name)
         tmp.write_text(json.dumps({"worker": self.worker, "host": socket.gethostname(), "pid": os.getpid(),
@@ -100,15 +103,24 @@ class Claims:
         finally:
             tmp.unlink(missing_ok=True)
 
+    def claim(self, index: int) -> bool:
+        """Claim ``index`` alone: True when this worker holds it now (it did already, nobody
+        did, or its holder is dead and this worker won the takeover)."""
+        held = self.holders().get(index)
+        if held is None:
+            return self._link(index, 0)
+        generation, worker = held
+        return worker == self.worker or (not self.alive(worker) and self._link(index, generation + 1))
+
     def claim_next(self, indices: Iterable[int], settled: Iterable[int] = (), limit: int | None = None,
                    exclude: Iterable[int] = ()) -> int | None:
-        """Claim the next shard to serve, in ``indices`` order, and return its index; None when
+        """Claim the next unit to serve, in ``indices`` order, and return its index; None when
         nothing is left for this worker.
 
-        Preference: a shard this worker already holds (a requeued task resumes its own), then one
-        nobody holds, then one whose holder is dead (taken over). ``settled`` shards (done or failed)
-        and ``exclude`` (those this worker is already serving) are skipped; at most ``limit``
-        shards are ever held by this worker (``cluster.shards_per_task``; None: no limit).
+        Preference: a unit this worker already holds (a requeued task resumes its own), then one
+        nobody holds, then one whose holder is dead (taken over). ``settled`` units (done or
+        failed) and ``exclude`` (those this worker is already serving) are skipped; at most
+        ``limit`` units are ever held by this worker (``cluster.shards_per_task``; None: no limit).
         """
         settled, exclude = set(settled), set(exclude)
         order = [i for i in indices if i not in settled and i not in exclude]
@@ -157,7 +169,7 @@ class Claims:
 
 
 def holders(run_path: str | os.PathLike) -> dict[int, tuple[int, str]]:
-    """Every claimed shard index of the run at ``run_path`` -> (highest generation, worker named
+    """Every claimed index of the run at ``run_path`` -> (highest generation, worker named
     there); {} before any claim. Reads only (``pipeline.status`` uses it)."""
     folder = Path(run_path) / "claims"
     top: dict[int, int] = {}
@@ -175,4 +187,4 @@ def holders(run_path: str | os.PathLike) -> dict[int, tuple[int, str]]:
 
 
 def _name(index: int, generation: int) -> str:
-    return f"shard-{index:05d}.{generation}"
+    return f"unit-{index:05d}.{generation}"

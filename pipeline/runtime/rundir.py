@@ -10,7 +10,8 @@ Layout::
     RUN_DIR/failed/SHARD.json      why a shard failed as a whole (unreadable or unwritable)
     RUN_DIR/progress/WORKER.json   rows and output tokens done so far, rewritten as rows finish
     RUN_DIR/engines/WORKER.json    when a worker's engine started and when it was ready
-    RUN_DIR/claims/                which worker holds which shard (pipeline.runtime.claims)
+    RUN_DIR/claims/                which worker holds which unit (pipeline.runtime.claims)
+    RUN_DIR/parts/SHARD/           the parts of a shard split into row ranges (pipeline.io.units)
     RUN_DIR/stop                   written by the launcher once every prefill task has ended
     RUN_DIR/logs/                  submitit's per-worker logs
 """
@@ -28,6 +29,7 @@ from typing import Any
 from pipeline.config import Config, from_yaml, to_yaml
 from pipeline.io.atomic import write_json
 from pipeline.io.shards import Shard, run_files, shard_path
+from pipeline.io.units import Unit
 from pipeline.runtime.secret import create_secret, read_secret
 
 
@@ -37,12 +39,17 @@ class RunDir:
 
     # -- written once by the launcher ---------------------------------------------------------
     def create(self, cfg: Config, shards: list[Shard], output_dir: str, rows: int | None = None,
-               sample_lists: bool | None = None) -> None:
+               sample_lists: bool | None = None, units: list[Unit] | None = None) -> None:
         """Lay out the run directory, or reuse one from an earlier run of the same job: done
         shards and row checkpoints stay; what belonged to the earlier launch (decode endpoints,
         progress, engines ready, shard claims, failed marks, the stop request) goes. Whether ``cfg`` may reuse it (the same
-        settings as the results there) is checked before, by :mod:`pipeline.preflight`.
+        settings as the results there) is checked before, by :mod:`pipeline.preflight`. ``units``:
+        the work units (:mod:`pipeline.io.units`; None: one per shard); the parts of an earlier
+        launch stay only when it cut the shards the same way.
         """
+        units = units or [Unit(s.index) for s in shards]
+        if (self.path / "shards.json").exists() and self.units() != units:
+            shutil.rmtree(self.path / "parts", ignore_errors=True)
         for sub in ("decode", "progress", "failed", "engines", "claims"):
             shutil.rmtree(self.path / sub, ignore_errors=True)
         (self.path / "stop").unlink(missing_ok=True)
@@ -52,7 +59,8 @@ class RunDir:
         (self.path / "config.yaml").write_text(to_yaml(cfg))
         lists = cfg.job.sampling.n > 1 if sample_lists is None else sample_lists
         write_json(self.path / "shards.json", {"output": output_dir, "rows": rows, "sample_lists": lists,
-                                               "shards": [asdict(s) for s in shards]})
+                                               "shards": [asdict(s) for s in shards],
+                                               "units": [asdict(u) for u in units]})
 
     def secret(self) -> bytes:
         """The run's control-channel secret (``RUN_DIR/secret``, mode 0600)."""
@@ -64,6 +72,17 @@ class RunDir:
     def shards(self) -> list[Shard]:
         data = json.loads((self.path / "shards.json").read_text())
         return [Shard(**s) for s in data["shards"]]
+
+    def units(self) -> list[Unit]:
+        """The run's work units, in order (one per shard for a run directory written before units)."""
+        data = json.loads((self.path / "shards.json").read_text())
+        if "units" not in data:
+            return [Unit(s["index"]) for s in data["shards"]]
+        return [Unit(**u) for u in data["units"]]
+
+    def parts_dir(self, shard: Shard) -> Path:
+        """``RUN_DIR/parts/<shard name>/``: a split shard's parts, their marks and checkpoints."""
+        return shard_path(self.path / "parts", shard.name)
 
     def sample_lists(self) -> bool:
         """Whether the run's sample columns are lists (several samples per prompt: ``job.sampling.n``

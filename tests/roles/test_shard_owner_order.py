@@ -16,7 +16,7 @@ from pipeline.engine.model import load_tokenizer
 from pipeline.io.checkpoint import RowCheckpoint
 from pipeline.io.output import served_row
 from pipeline.io.shards import list_shards
-from pipeline.roles.shard_owner import own_shards
+from pipeline.roles.work import own_shards
 from pipeline.runtime.claims import Claims
 from pipeline.runtime.rundir import RunDir
 

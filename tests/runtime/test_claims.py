@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import asyncio
+import copy
 import multiprocessing as mp
 import os
 import signal
@@ -107,7 +108,7 @@ def test_a_worker_that_frees_up_claims_the_next_shard(tmp_path):
     from pipeline.engine.model import load_tokenizer
     from pipeline.io.output import served_row
     from pipeline.io.shards import list_shards
-    from pipeline.roles.shard_owner import own_shards
+    from pipeline.roles.work import own_shards
     from pipeline.runtime.rundir import RunDir
 
     texts = _skewed_input(tmp_path / "input", [12, 2, 2, 2])
@@ -120,6 +121,7 @@ def test_a_worker_that_frees_up_claims_the_next_shard(tmp_path):
 
     def worker(claims: Claims) -> None:
         name = claims.worker
+        own_tokenizer = copy.deepcopy(tokenizer)  # as each worker process has its own
 
         async def serve(p):
             await asyncio.sleep(0.05)
@@ -128,7 +130,7 @@ def test_a_worker_that_frees_up_claims_the_next_shard(tmp_path):
             return served_row(text=word, token_ids=[1], finish_reason="stop", error=None, token_times=[0.0],
                               prefill_start=0.0, prefill_end=None, prefill_worker=name)
 
-        asyncio.run(own_shards(run, cfg, claims, name, tokenizer, serve))
+        asyncio.run(own_shards(run, cfg, claims, name, own_tokenizer, serve))
 
     claims = [Claims(run.path, "colocated-0"), Claims(run.path, "colocated-1")]
     assert [c.claim_next([i]) for i, c in enumerate(claims)] == [0, 1]  # as claim_first does: who draws the big shard

@@ -1,0 +1,82 @@
+"""A prefill or colocated worker's loop over the run's work units: claim one
+(:mod:`pipeline.runtime.claims`), serve it (:class:`~pipeline.roles.shard_owner.ShardOwner`),
+claim the next once every row of the current one has started, until none is left; and assemble
+split shards whose parts are all written (:mod:`pipeline.io.units`)."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from pipeline.config import Config
+from pipeline.io.units import Unit, parts_done
+from pipeline.roles.shard_owner import Progress, ServeRow, ShardOwner, finish_split
+from pipeline.runtime.claims import Claims
+from pipeline.runtime.rundir import RunDir
+
+
+async def own_shards(run: RunDir, cfg: Config, claims: Claims, worker: str, tokenizer: Any,
+                     serve: ServeRow, limit: int | None = None) -> None:
+    """Claim units one after another (this worker's own first, then the next nobody holds, in
+    input order) and serve each, skipping those already done or failed; at most ``limit`` units
+    in all (None: until none is left).
+
+    At most ``job.batch_rows`` rows are being served at once across the worker, whatever the
+    number and size of the units: the next unit is claimed as soon as every row of the
+    previous one has started, so a worker that drew small units takes the next while another is
+    still on a big one. A row that cannot become a prompt, or whose serving raises, becomes
+    an error row: every input row gives exactly one output row, in input order. A shard that
+    cannot be read or written is recorded as failed (``RUN_DIR/failed/``) and the others go on.
+    """
+    progress = Progress(run, worker)
+    shards = {s.index: s for s in run.shards()}
+    units = run.units()
+    slots = asyncio.Semaphore(cfg.job.batch_rows)
+    finishing, started = [], set()
+    try:
+        await asyncio.to_thread(assemble_ready, run, claims, tokenizer, progress)
+        while (i := claims.claim_next(range(len(units)), settled_units(run, units), limit, started)) is not None:
+            started.add(i)
+            owner = ShardOwner(run, cfg, shards[units[i].shard], worker, tokenizer, serve, slots, progress,
+                               still_mine=lambda i=i: claims.holds(i), unit=units[i],
+                               assembly=lambda s=units[i].shard: claims.claim(len(units) + s))
+            finishing.append(asyncio.create_task(owner.own()))
+            await owner.dispatched.wait()
+        await asyncio.gather(*finishing)
+    finally:
+        for t in finishing:
+            t.cancel()
+    progress.add(force=True)
+
+
+def claim_first(run: RunDir, claims: Claims, limit: int | None) -> int | None:
+    """Claim a worker's first unit before its engine starts (None: nothing left for it, so it
+    starts no engine); :func:`own_shards` then finds it among the worker's own claims."""
+    units = run.units()
+    return claims.claim_next(range(len(units)), settled_units(run, units), limit)
+
+
+def settled_units(run: RunDir, units: list[Unit]) -> set[int]:
+    """Indices of the units that need no more serving: their shard is done or failed, or (a part
+    of a split shard) their part is written."""
+    shards = {s.index: s for s in run.shards()}
+    names = set(run.done()) | set(run.failed())
+    out = set()
+    for i, u in enumerate(units):
+        shard = shards[u.shard]
+        if shard.name in names or (u.split and (run.parts_dir(shard) / f"part-{u.part:05d}.json").exists()):
+            out.add(i)
+    return out
+
+
+def assemble_ready(run: RunDir, claims: Claims, tokenizer: Any, progress: Progress | None = None) -> None:
+    """Assemble every split shard whose parts are all written but which is not done (its
+    assembler was lost mid-way), claiming each assembly first."""
+    shards = {s.index: s for s in run.shards()}
+    units = run.units()
+    done = set(run.done()) | set(run.failed())
+    for u in units:
+        shard = shards[u.shard]
+        if u.split and u.part == 0 and shard.name not in done and parts_done(run.parts_dir(shard), u.parts):
+            if claims.claim(len(units) + u.shard):
+                finish_split(run, shard, u.parts, tokenizer, claims.worker, progress)
