@@ -99,7 +99,7 @@ def _colocated_started(request, tmp_path_factory):
     if not any("colocated_run" in item.fixturenames for item in request.session.items):
         yield None
         return
-    pending = start_run(tmp_path_factory, "colocated", "pools=colocated", input_url=SAMPLE.as_uri(),
+    pending = start_run(tmp_path_factory, "colocated", "pools=colocated", "job.unit_rows=4", input_url=SAMPLE.as_uri(),
                         file_urls=True, cpus=last_core())
     yield pending
     if pending.proc.poll() is None:  # the session ended before a test waited for it
@@ -109,7 +109,10 @@ def _colocated_started(request, tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def colocated_run(_colocated_started) -> Run:
-    """The baseline: plain vLLM generation, reading and writing through file:// URLs."""
+    """The baseline: plain vLLM generation, reading and writing through file:// URLs, each sample
+    shard served in two parts (``job.unit_rows=4``: its two row groups) and assembled
+    (:mod:`pipeline.io.units`), so every test comparing a run with it also compares a split
+    shard's output with an unsplit one's, row for row."""
     return _colocated_started.wait()
 
 

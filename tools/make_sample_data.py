@@ -52,7 +52,9 @@ def build(out_dir: Path) -> list[Path]:
     paths = []
     for i in range(0, len(rows), ROWS_PER_SHARD):
         path = out_dir / f"part-{i // ROWS_PER_SHARD:05d}.parquet"
-        pq.write_table(pa.Table.from_pylist(rows[i : i + ROWS_PER_SHARD]), path)
+        # Two row groups per shard, so that a run with job.unit_rows=4 serves each shard in two
+        # parts (the tests' colocated reference does).
+        pq.write_table(pa.Table.from_pylist(rows[i : i + ROWS_PER_SHARD]), path, row_group_size=ROWS_PER_SHARD // 2)
         paths.append(path)
     return paths
 

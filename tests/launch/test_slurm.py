@@ -12,6 +12,7 @@ import time
 import pyarrow.parquet as pq
 import pytest
 
+from pipeline.runtime.claims import holders
 from tests.conftest import COMMON, SAMPLE, SLURM, assert_across_hosts, node_bytes_sent, run_pipeline
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slurm]
@@ -72,6 +73,12 @@ def test_slurm_jobs_asked_for_infiniband_and_used_an_array(slurm_run):
     assert "#SBATCH --array=0-1%2" in sbatch
     workers = {r["prefill_worker"] for s in SHARDS for r in pq.read_table(slurm_run / "output" / s).to_pylist()}
     assert {w.split("@")[0] for w in workers} == {"prefill-0", "prefill-1"}
+    # Both tasks claimed shards across nodes from one claims folder: each shard (one unit each)
+    # was claimed once, and every row of it was served by the task whose claim won it.
+    held = holders(slurm_run / "run")
+    assert sorted(held) == [0, 1, 2] and all(generation == 0 for generation, _ in held.values()), held
+    for i, s in enumerate(SHARDS):
+        assert {r["prefill_worker"] for r in pq.read_table(slurm_run / "output" / s).to_pylist()} == {held[i][1]}
 
 
 def test_notebook_api_and_requeue_mid_shard(slurm_cluster, colocated_run, tmp_path):
