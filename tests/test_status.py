@@ -75,8 +75,8 @@ def test_summary_wall_time_is_the_end_when_written_by_this_launch(tmp_path):
 
 def test_engines_starting_are_shown_until_every_engine_that_has_work_is_ready(tmp_path):
     """The first minute of a run, while engines start: the line counts engines ready against the
-    launch's jobs (jobs.json), leaving out array tasks that own no shard (3 tasks over these 2
-    shards: task 2 starts no engine), and goes once every engine is ready. A relaunch into the
+    launch's jobs (jobs.json), leaving out array tasks beyond the work units (3 tasks over these 2
+    shards: one finds nothing to claim and starts no engine), and goes once every engine is ready. A relaunch into the
     same run directory starts counting again."""
     run, shards, _ = _run(tmp_path)
     write_json(run.path / "jobs.json", {"array_tasks": ["11", "12", "13"], "decode": ["10"]})

@@ -183,10 +183,10 @@ class RunDir:
     def starting_engines(self, array_tasks: int, decode: int) -> str | None:
         """``starting engines: prefill 0/1, decode 1/1 ready`` while some engine of a run of
         ``array_tasks`` prefill (or colocated) tasks and ``decode`` decode ranks is not ready;
-        None once all are. Array tasks that own no shard start no engine and are not counted."""
+        None once all are. Array tasks beyond the number of work units find nothing to claim, start
+        no engine and are not counted."""
         role = "colocated" if self.config().pools.mode == "colocated" else "prefill"
-        expected = {role: len({s.index % array_tasks for s in self.shards()}) if array_tasks else 0,
-                    "decode": decode}
+        expected = {role: min(array_tasks, len(self.units())), "decode": decode}
         ready = self.engines_ready()
         if all(ready.get(r, 0) >= n for r, n in expected.items()):
             return None
