@@ -2,9 +2,10 @@
 
 One big shard and several small ones (rows of the bundled sample, repeated), served by two
 workers: ``pools=colocated pools.prefill=2`` and, with ``--layouts coloc2,disagg``, also two
-prefill tasks and one decode rank. Each layout runs twice per repeat, alternating, over the same
-input: once with this checkout (workers claim the next shard as they free up) and once with the
-code at ``--fixed-ref`` (default ``f9b9c3a``, the last commit where array task ``t`` of ``n``
+prefill tasks and one decode rank. Each layout runs three times per repeat, alternating, over the
+same input: with this checkout, workers claiming the next shard as they free up
+(``job.unit_rows=null``), and again with the big shard served in parts of ``--unit-rows`` rows
+(its row groups are that size); and with the code at ``--fixed-ref`` (default ``f9b9c3a``, the last commit where array task ``t`` of ``n``
 owned the shards ``index mod n == t``), checked out into a temporary git worktree and run from
 there with the same interpreter::
 
@@ -43,9 +44,9 @@ LAYOUTS = {
 }
 
 
-def skewed_input(folder: Path, big: int, small: list[int]) -> list[int]:
-    """Write shard 0 with ``big`` rows and one shard per entry of ``small``, rows of the bundled
-    sample in turn; returns the shard sizes."""
+def skewed_input(folder: Path, big: int, small: list[int], row_group: int | None = None) -> list[int]:
+    """Write shard 0 with ``big`` rows (in row groups of ``row_group`` rows; None: one) and one
+    shard per entry of ``small``, rows of the bundled sample in turn; returns the shard sizes."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -56,7 +57,7 @@ def skewed_input(folder: Path, big: int, small: list[int]) -> list[int]:
     for s, rows in enumerate(sizes):
         ids = [f"s{s}r{i}" for i in range(rows)]
         pq.write_table(pa.table({"id": ids, "text": [texts[(n + i) % len(texts)] for i in range(rows)]}),
-                       folder / f"part-{s:05d}.parquet")
+                       folder / f"part-{s:05d}.parquet", row_group_size=row_group if s == 0 and row_group else None)
         n += rows
     return sizes
 
@@ -68,17 +69,18 @@ def measure(run_dir: Path) -> dict:
     last: dict[str, float] = {}
     rows: dict[str, int] = {}
     for d in done:
-        w = d["worker"].split("@")[0]
-        last[w] = max(last.get(w, 0.0), d["finished_at"])
-        rows[w] = rows.get(w, 0) + d["rows"]
+        for piece in d.get("parts") or [d]:  # a split shard: each part's worker, rows and end
+            w = piece["worker"].split("@")[0]
+            last[w] = max(last.get(w, 0.0), piece["finished_at"])
+            rows[w] = rows.get(w, 0) + piece["rows"]
     start, end = min(ready), max(last.values())
     makespan = end - start
     return {"makespan_s": makespan, "idle_share": (end - min(last.values())) / makespan,
             "rows": dict(sorted(rows.items()))}
 
 
-def run_once(code: Path, layout: str, inp: Path, run_dir: Path, max_new_tokens: int) -> dict:
-    cmd = [sys.executable, "-m", "pipeline", "+job=summarize", *LAYOUTS[layout], f"job.input={inp}",
+def run_once(code: Path, layout: str, inp: Path, run_dir: Path, max_new_tokens: int, extra: list[str]) -> dict:
+    cmd = [sys.executable, "-m", "pipeline", "+job=summarize", *LAYOUTS[layout], *extra, f"job.input={inp}",
            f"run.dir={run_dir}", f"job.output={run_dir / 'output'}", f"job.sampling.max_new_tokens={max_new_tokens}",
            "run.progress=false"]
     p = subprocess.run(cmd, cwd=code, capture_output=True, text=True)
@@ -95,11 +97,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--layouts", default="coloc2", help="comma-separated: coloc2, disagg")
     ap.add_argument("--max-new-tokens", type=int, default=32)
     ap.add_argument("--fixed-ref", default="f9b9c3a", help="commit with fixed shard groups")
+    ap.add_argument("--unit-rows", type=int, default=8,
+                    help="job.unit_rows of the third variant (claimed, the big shard split), whose row groups are this size")
     args = ap.parse_args(argv)
     count, rows = (int(x) for x in args.small.split("x"))
     with tempfile.TemporaryDirectory(prefix="bench-claims-") as tmp:
         work = Path(tmp)
-        sizes = skewed_input(work / "input", args.big, [rows] * count)
+        sizes = skewed_input(work / "input", args.big, [rows] * count, args.unit_rows)
         fixed = work / "fixed-code"
         subprocess.run(["git", "worktree", "add", "--detach", str(fixed), args.fixed_ref], cwd=ROOT, check=True,
                        capture_output=True)
@@ -107,9 +111,10 @@ def main(argv: list[str] | None = None) -> int:
             results: dict[tuple[str, str], list[dict]] = {}
             for r in range(args.repeats):
                 for layout in args.layouts.split(","):
-                    for variant, code in (("fixed groups", fixed), ("claimed", ROOT)):
-                        m = run_once(code, layout, work / "input", work / f"run-{layout}-{variant[0]}-{r}",
-                                     args.max_new_tokens)
+                    for variant, code, extra in (("fixed groups", fixed, []), ("claimed", ROOT, ["job.unit_rows=null"]),
+                                                 ("claimed, big shard split", ROOT, [f"job.unit_rows={args.unit_rows}"])):
+                        m = run_once(code, layout, work / "input", work / f"run-{layout}-{variant[:9]}-{r}",
+                                     args.max_new_tokens, extra)
                         print(f"repeat {r} {layout} {variant}: {m}", file=sys.stderr, flush=True)
                         results.setdefault((layout, variant), []).append(m)
         finally:

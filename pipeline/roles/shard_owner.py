@@ -324,7 +324,8 @@ def finish_split(run: RunDir, shard: Shard, parts: int, tokenizer: Any, worker: 
         write_batch_output(url, batch_output_url(run.output_dir(), shard), tokenizer)
     summed = {k: sum(t[k] for t in totals) for k in ("rows", "errors", "prompt_tokens", "output_tokens", "kv_bytes",
                                                       "resumed_rows")}
-    run.mark_done(shard, {"shard": shard.name, **summed, "worker": worker, "parts": [t["worker"] for t in totals],
+    run.mark_done(shard, {"shard": shard.name, **summed, "worker": worker,
+                          "parts": [{k: t[k] for k in ("worker", "rows", "started_at", "finished_at")} for t in totals],
                           "started_at": min(t["started_at"] for t in totals), "finished_at": time.time()})
     shutil.rmtree(folder, ignore_errors=True)
     if progress is not None:

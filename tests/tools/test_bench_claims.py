@@ -15,10 +15,15 @@ def test_makespan_and_first_finisher_idle_from_the_records(tmp_path):
     for name, w, end, rows in (("a", "colocated-0@h", 150.0, 24), ("b", "colocated-1@h", 130.0, 4),
                                ("sub/c", "colocated-1@h", 140.0, 4)):
         (tmp_path / "done" / f"{name}.json").write_text(json.dumps({"worker": w, "finished_at": end, "rows": rows}))
+    # A split shard, assembled by colocated-0: its parts count for the workers that served them.
+    (tmp_path / "done" / "d.json").write_text(json.dumps({
+        "worker": "colocated-0@h", "finished_at": 146.0, "rows": 10,
+        "parts": [{"worker": "colocated-1@h", "rows": 6, "finished_at": 145.0},
+                  {"worker": "colocated-0@h", "rows": 4, "finished_at": 146.0}]}))
     m = measure(tmp_path)
     assert m["makespan_s"] == 50.0  # 100 (first ready) to 150 (last done)
-    assert m["idle_share"] == 10.0 / 50.0  # colocated-1 done at 140
-    assert m["rows"] == {"colocated-0": 24, "colocated-1": 8}
+    assert m["idle_share"] == 5.0 / 50.0  # colocated-1's last part done at 145
+    assert m["rows"] == {"colocated-0": 28, "colocated-1": 14}
 
 
 def test_skewed_input_has_the_sizes_asked_for(tmp_path):
