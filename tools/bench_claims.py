@@ -111,9 +111,11 @@ def main(argv: list[str] | None = None) -> int:
             results: dict[tuple[str, str], list[dict]] = {}
             for r in range(args.repeats):
                 for layout in args.layouts.split(","):
-                    for variant, code, extra in (("fixed groups", fixed, []), ("claimed", ROOT, ["job.unit_rows=null"]),
-                                                 ("claimed, big shard split", ROOT, [f"job.unit_rows={args.unit_rows}"])):
-                        m = run_once(code, layout, work / "input", work / f"run-{layout}-{variant[:9]}-{r}",
+                    for slug, variant, code, extra in (
+                            ("fixed", "fixed groups", fixed, []),
+                            ("claimed", "claimed", ROOT, ["job.unit_rows=null"]),
+                            ("split", "claimed, big shard split", ROOT, [f"job.unit_rows={args.unit_rows}"])):
+                        m = run_once(code, layout, work / "input", work / f"run-{layout}-{slug}-{r}",
                                      args.max_new_tokens, extra)
                         print(f"repeat {r} {layout} {variant}: {m}", file=sys.stderr, flush=True)
                         results.setdefault((layout, variant), []).append(m)
