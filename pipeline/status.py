@@ -8,6 +8,7 @@ import sys
 import time
 
 from pipeline.io.shards import run_files
+from pipeline.io.units import part_written
 from pipeline.runtime.claims import holders
 from pipeline.runtime.rundir import RunDir
 
@@ -78,7 +79,7 @@ def status_text(run: RunDir) -> str:
     serving = [f"{names[u.shard]}{' ' + u.label() if u.split else ''} ({held[i][1].split('@')[0]}"
                f"{', taken over' if held[i][0] else ''})"
                for i, u in enumerate(run.units()) if i in held and names[u.shard] not in settled
-               and not (u.split and (run.parts_dir(shards[u.shard]) / f"part-{u.part:05d}.json").exists())]
+               and not (u.split and part_written(run.parts_dir(shards[u.shard]), u))]
     if serving:
         lines.append("serving: " + ", ".join(serving[:8]) + (f" and {len(serving) - 8} more" if len(serving) > 8 else ""))
     for w in sorted(workers, key=lambda w: w["worker"]):

@@ -87,9 +87,20 @@ def plan_units(shards: Iterable[Any], rows: Iterable[int | None], unit_rows: int
     return out
 
 
+def part_file(folder: Path, part: int, suffix: str) -> Path:
+    """Part ``part``'s file in a split shard's ``folder``: its rows (``.parquet``) or its mark
+    (``.json``)."""
+    return folder / f"part-{part:05d}{suffix}"
+
+
+def part_written(folder: Path, unit: Unit) -> bool:
+    """Whether ``unit``'s part is written and marked (:func:`part_done`)."""
+    return part_file(folder, unit.part, ".json").exists()
+
+
 def part_done(folder: Path, unit: Unit, totals: dict[str, Any]) -> None:
     """Mark part ``unit.part`` written, with its totals (after its Parquet part is in place)."""
-    write_json(folder / f"part-{unit.part:05d}.json", totals)
+    write_json(part_file(folder, unit.part, ".json"), totals)
 
 
 def parts_done(folder: Path, parts: int) -> list[dict[str, Any]] | None:
@@ -98,7 +109,7 @@ def parts_done(folder: Path, parts: int) -> list[dict[str, Any]] | None:
     out = []
     for k in range(parts):
         try:
-            out.append(json.loads((folder / f"part-{k:05d}.json").read_text()))
+            out.append(json.loads(part_file(folder, k, ".json").read_text()))
         except (OSError, ValueError):
             return None
     return out
@@ -115,7 +126,7 @@ def assemble(folder: Path, parts: int, url: str) -> None:
         writer = None
         try:
             for k in range(parts):
-                part = pq.ParquetFile(folder / f"part-{k:05d}.parquet")
+                part = pq.ParquetFile(part_file(folder, k, ".parquet"))
                 writer = writer or pq.ParquetWriter(f, part.schema_arrow)
                 for g in range(part.num_row_groups):
                     writer.write_table(part.read_row_group(g))

@@ -26,7 +26,7 @@ from pipeline.io.openai_batch import (REQUEST_SAMPLING, body_errors, is_request_
 from pipeline.io.output import RowResult, build_output, output_schema, row_ids
 from pipeline.io.prompts import Prompt, make_prompts
 from pipeline.io.sampling import row_sampling
-from pipeline.io.units import Unit, assemble, part_done, parts_done
+from pipeline.io.units import Unit, assemble, part_done, part_file, parts_done
 from pipeline.io.shards import (Shard, batch_output_url, duplicate_id_rows, iter_batches, output_url, shard_schema,
                                  text_values)
 from pipeline.roles.errors import is_worker_failure
@@ -274,7 +274,7 @@ class ShardOwner:
             input_schema = input_schema.remove(input_schema.get_field_index(LINE_ERROR))
         schema = output_schema(input_schema, job.id_column, job.prompt_column, rag, job.input_column_prefix,
                                self.samples)
-        url = (str(self.run.parts_dir(self.shard) / f"part-{self.unit.part:05d}.parquet") if self.unit.split
+        url = (str(part_file(self.run.parts_dir(self.shard), self.unit.part, ".parquet")) if self.unit.split
                else output_url(self.run.output_dir(), self.shard))
         pending: list[asyncio.Task] = []
         with atomic_write(url) as f:

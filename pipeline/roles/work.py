@@ -9,7 +9,7 @@ import asyncio
 from typing import Any
 
 from pipeline.config import Config
-from pipeline.io.units import Unit, parts_done
+from pipeline.io.units import Unit, part_written, parts_done
 from pipeline.roles.shard_owner import Progress, ServeRow, ShardOwner, finish_split
 from pipeline.runtime.claims import Claims
 from pipeline.runtime.rundir import RunDir
@@ -64,7 +64,7 @@ def settled_units(run: RunDir, units: list[Unit]) -> set[int]:
     out = set()
     for i, u in enumerate(units):
         shard = shards[u.shard]
-        if shard.name in names or (u.split and (run.parts_dir(shard) / f"part-{u.part:05d}.json").exists()):
+        if shard.name in names or (u.split and part_written(run.parts_dir(shard), u)):
             out.add(i)
     return out
 
