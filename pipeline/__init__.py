@@ -8,3 +8,10 @@ def submit(*overrides: str, **kwargs):
     from pipeline.api import submit as _submit
 
     return _submit(*overrides, **kwargs)
+
+
+def join(run_dir, workers: int = 1):
+    """Add workers to a running run; see :func:`pipeline.api.join`."""
+    from pipeline.api import join as _join
+
+    return _join(run_dir, workers)

@@ -6,6 +6,8 @@
   ``pipeline.report``, ``pipeline.model.prepare``); an override never looks like these words;
 - a run: compose ``conf/`` with the overrides, check everything (:mod:`pipeline.preflight`), run;
   ``--dry-run`` (the same as ``run.dry_run=true``) checks, prints what would run and starts nothing;
+- ``pools.prefill=+N run.dir=DIR``: N more workers join the run going on in DIR and claim its
+  remaining work (:func:`pipeline.run.join_job`);
 - ``--help``: the config groups and their options, how to override and sweep, the flags;
   ``--hydra-help``: Hydra's own; ``--version``: Hydra's version;
 - ``--cfg job|hydra|all`` (``-p PACKAGE`` for one part, ``--resolve``): print the composed config;
@@ -185,6 +187,41 @@ def _run(cfg) -> tuple[int, str]:
     return (0, "ok") if ok else (1, f"{summary.shards - summary.shards_done} of {summary.shards} shards failed")
 
 
+def _joining(overrides: list[str]) -> tuple[int, list[str]] | None:
+    """(N, the other overrides) when the overrides hold ``pools.prefill=+N``: add N workers to a
+    running run instead of starting one."""
+    import re
+
+    for i, o in enumerate(overrides):
+        if m := re.fullmatch(r"pools\.prefill=\+(\d+)", o):
+            return int(m.group(1)), overrides[:i] + overrides[i + 1:]
+    return None
+
+
+def _join(workers: int, overrides: list[str]) -> int:
+    """``pools.prefill=+N run.dir=DIR``: N more prefill (or colocated) workers for the run in DIR
+    (:func:`pipeline.run.join_job`), which claim its remaining work; locally (or with
+    ``run.wait=true``) wait for them, then print where the run stands. The run's own config
+    (``DIR/config.yaml``) applies; the other overrides only name the run and how to follow it."""
+    from pipeline.run import join_job
+
+    cfg = compose(overrides)
+    if not cfg.run.dir:
+        raise ConfigError(f"pools.prefill=+{workers} adds workers to a running run: name it with run.dir=RUN_DIR")
+    try:
+        handle = join_job(cfg.run.dir, workers, progress=cfg.run.progress)
+        tasks = ", ".join(f"{t} (job {j})" for t, j in zip(handle.joined_tasks, handle.job_ids))
+        print(f"joined {handle.run_dir}: array tasks {tasks}", flush=True)
+        if not (cfg.run.wait if cfg.run.wait is not None else handle.cfg.cluster.launcher == "local"):
+            return 0
+        summary = handle.wait(progress=cfg.run.progress)
+    except RunFailed as exc:
+        print(f"error: a joined worker failed: {exc}", file=sys.stderr)
+        return 1
+    print(f"joined workers ended; the run so far:\n{summary.text()}")
+    return 0
+
+
 def _multirun(overrides: list[str]) -> int:
     """Check every point of the sweep (:func:`pipeline.api.sweep`: exit 2 in one line before any
     starts), run them one after another, each headed ``== point N: ...``, then one summary line
@@ -249,6 +286,8 @@ def main(argv: list[str] | None = None) -> int:
             sys.stdout.write(hydra_call(lambda app: app.show_info(args.info, "config", plain), dirs))
         elif args.multirun:
             return _multirun(args.overrides)
+        elif (join := _joining(args.overrides)) is not None:
+            return _join(*join)
         else:
             return _run(compose(args.overrides))[0]
         return 0

@@ -4,6 +4,7 @@
     run = submit("+job=summarize", "cluster=slurm", "pools.prefill=2")
     run.status()          # shards done / total, job states
     table = run.result()  # waits, then the output shards as a pyarrow dataset
+    join(run.run_dir, 2)  # two more workers claim what the run has left
 
     runs = submit("-m", "+job=summarize", "job.sampling.temperature=0,0.7")  # a sweep: a list,
     [r.run_dir for r in runs]                                              # one handle a point
@@ -20,7 +21,7 @@ from pathlib import Path
 from pipeline.config import Config, ConfigError, compose, has_job, sweep_points
 from pipeline.launch.watch import RunFailed
 from pipeline.preflight import preflight
-from pipeline.run import RunHandle, start_job
+from pipeline.run import RunHandle, join_job, start_job
 
 MULTIRUN_FLAGS = ("-m", "--multirun")
 
@@ -109,3 +110,14 @@ def submit(*overrides: str, multirun: bool = False) -> RunHandle | list[RunHandl
             except RunFailed:
                 pass  # the handle says so again on wait() / result(); the next point still runs
     return handles
+
+
+def join(run_dir: str | Path, workers: int = 1) -> RunHandle:
+    """Add ``workers`` prefill (or colocated) workers to the run going on in ``run_dir``; they
+    claim its remaining work units (the same as ``python -m pipeline ... run.dir=RUN_DIR
+    pools.prefill=+N``). Returns a handle whose ``wait()`` follows the joined workers only.
+
+    Raises:
+        pipeline.config.ConfigError: not a launched run directory, or the run has ended.
+    """
+    return join_job(run_dir, workers)

@@ -66,6 +66,8 @@ class RunHandle:
         self.n_shards, self.total_rows, self.plan = n_shards, total_rows, plan
         self.started = time.monotonic()
         self._summary: Summary | None = None
+        self.joined = False  # these jobs joined a run another launch follows (join_job)
+        self.joined_tasks: list[int] = []  # their array task indices
 
     @property
     def run_dir(self) -> Path:
@@ -96,9 +98,10 @@ class RunHandle:
             pipeline.launch.watch.RunFailed: a worker failed.
         """
         if self._summary is None:
-            watch(self.run, self.jobs, self.total_rows, progress=progress)
-            self._summary = summarize(self.run, self.output, self.n_shards, time.monotonic() - self.started)
-            if self.cfg.run.report:
+            watch(self.run, self.jobs, self.total_rows, progress=progress, joined=self.joined)
+            self._summary = summarize(self.run, self.output, self.n_shards, time.monotonic() - self.started,
+                                      write=not self.joined)
+            if self.cfg.run.report and not self.joined:
                 self._summary.report = _report(self.run)
         return self._summary
 
@@ -147,9 +150,70 @@ def start_job(cfg: Config) -> RunHandle:
         from pipeline.launch.slurm import launch_slurm
 
         jobs = launch_slurm(cfg, run, len(run.units()))
-    write_json(run.path / "jobs.json", {"array_tasks": [j.job_id for j in jobs.array_tasks],
-                                        "decode": [j.job_id for j in jobs.decode]})
+    jobs.save(run.path / "jobs.json")
     return RunHandle(cfg, run, jobs, output, len(shards), total_rows, plan)
+
+
+def join_job(run_dir: str | Path, workers: int, progress: bool = False) -> RunHandle:
+    """Add ``workers`` prefill (or colocated) workers to the running run at ``run_dir``: array
+    tasks with indices after every earlier task's (``RUN_DIR/joined/task-N.json``, each created
+    exclusively, so two joins never share one; it then names the job), started with the run's own config, locally or on
+    Slurm as the run was; each claims units as any worker does (:mod:`pipeline.runtime.claims`).
+    The run's own launch waits for them before it stops the decode workers; the returned
+    handle's ``wait()`` follows only the joined tasks and writes no ``summary.json``.
+
+    Raises:
+        pipeline.config.ConfigError: ``run_dir`` is not a run directory, ``workers`` < 1, or the
+            run has ended (its launch asked its decode workers to stop: run the job again with
+            ``run.dir`` to resume it instead).
+    """
+    from pipeline.config import ConfigError
+
+    run = RunDir(run_dir)
+    if workers < 1:
+        raise ConfigError(f"joining {run.path}: workers must be >= 1, got {workers}")
+    if not (run.path / "shards.json").exists() or not (run.path / "jobs.json").exists():
+        raise ConfigError(f"joining {run.path}: not a launched run directory (no shards.json or jobs.json)")
+    if run.stop_requested():
+        raise ConfigError(f"joining {run.path}: that run has ended; run the job again with "
+                          f"run.dir={run.path} to resume it")
+    cfg = run.config()
+    cfg.run.progress = progress
+    shards, output = run.shards(), run.output_dir()
+    tasks = _new_task_indices(run, workers)
+    if cfg.cluster.launcher == "local":
+        from pipeline.launch.local import join_local
+
+        jobs = join_local(cfg, run, tasks)
+    else:
+        from pipeline.launch.slurm import join_slurm
+
+        jobs = join_slurm(cfg, run, tasks)
+    for i, j in zip(tasks, jobs.array_tasks):
+        write_json(run.path / "joined" / f"task-{i}.json", {"task": i, "job": j.job_id})
+    handle = RunHandle(cfg, run, jobs, output, len(shards), run.total_rows())
+    handle.joined, handle.joined_tasks = True, tasks
+    return handle
+
+
+def _new_task_indices(run: RunDir, n: int) -> list[int]:
+    """``n`` array task indices no launch of ``run`` has used: after the launch's own tasks,
+    each taken by creating ``RUN_DIR/joined/task-N.json`` exclusively."""
+    import json
+    import os
+
+    folder = run.path / "joined"
+    folder.mkdir(exist_ok=True)
+    i = len(json.loads((run.path / "jobs.json").read_text())["array_tasks"])
+    out = []
+    while len(out) < n:
+        try:
+            os.close(os.open(folder / f"task-{i}.json", os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+            out.append(i)
+        except FileExistsError:
+            pass
+        i += 1
+    return out
 
 
 def _choose_pools(cfg: Config, plan: Plan):
@@ -183,7 +247,8 @@ def _report(run: RunDir) -> dict | None:
     return r
 
 
-def summarize(run: RunDir, output: str, n_shards: int, wall_s: float) -> Summary:
+def summarize(run: RunDir, output: str, n_shards: int, wall_s: float, write: bool = True) -> Summary:
+    """The run's totals from its done and failed markers; ``write``: also as ``RUN_DIR/summary.json``."""
     done = run.done()
     summary = Summary(
         run_dir=str(run.path), output=output, shards=n_shards, shards_done=len(done),
@@ -192,5 +257,6 @@ def summarize(run: RunDir, output: str, n_shards: int, wall_s: float) -> Summary
         output_tokens=sum(d["output_tokens"] for d in done.values()),
         wall_s=wall_s, failed={name: f["error"] for name, f in run.failed().items()},
     )
-    write_json(run.path / "summary.json", {**asdict(summary), "output_tokens_per_s": summary.output_tokens_per_s})
+    if write:
+        write_json(run.path / "summary.json", {**asdict(summary), "output_tokens_per_s": summary.output_tokens_per_s})
     return summary

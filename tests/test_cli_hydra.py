@@ -216,3 +216,18 @@ def test_submit_takes_the_same_overrides_and_a_sweep_returns_one_handle_per_poin
 
     with pytest.raises(ConfigError, match=r"^point 1 \(job.sampling.temperature=-1\)"):
         submit("-m", "job.sampling.temperature=0,-1", *common)
+
+
+def test_joining_a_run_that_is_not_running_is_one_line_exit_2(tmp_path, capsys):
+    from pipeline.__main__ import main
+
+    assert main(["+job=summarize", "pools.prefill=+2"]) == 2
+    assert "pools.prefill=+2 adds workers to a running run: name it with run.dir=" in capsys.readouterr().err
+    assert main(["+job=summarize", f"run.dir={tmp_path}", "pools.prefill=+1"]) == 2
+    assert "not a launched run directory" in capsys.readouterr().err
+    for name in ("shards.json", "jobs.json", "stop"):
+        (tmp_path / name).write_text("{}")
+    assert main(["+job=summarize", f"run.dir={tmp_path}", "pools.prefill=+1"]) == 2
+    err = capsys.readouterr().err
+    assert f"that run has ended; run the job again with run.dir={tmp_path.resolve()} to resume it" in err, err
+    assert not (tmp_path / "joined").exists()  # nothing was started

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import os
+from typing import Any, Callable
 
 import submitit
 
@@ -35,17 +36,41 @@ def cpu_slices(n_workers: int, cpu_bind: str) -> list[str | None]:
     return out
 
 
-def launch_local(cfg: Config, run: RunDir) -> Jobs:
-    """Start the workers of ``cfg.pools`` as local processes; returns their submitit jobs."""
+def _executor(cfg: Config, run: RunDir):
     ex = submitit.LocalExecutor(folder=str(run.logs / "%j"))
     ex.update_parameters(timeout_min=cfg.cluster.timeout_min)
-    p, d, path = cfg.pools.prefill, cfg.pools.decode, str(run.path)
-    if cfg.pools.mode == "colocated":
-        cpus = cpu_slices(p, cfg.cluster.cpu_bind)
-        colocated = ArrayTaskJob("colocated", path)
-        return Jobs(array_tasks=[ex.submit(colocated, i, cfg.cluster.prefill_cpus or cpus[i]) for i in range(p)])
-    cpus = cpu_slices(p + d, cfg.cluster.cpu_bind)
-    decode, prefill = DecodeJob(path), ArrayTaskJob("prefill", path)
-    decode_jobs = [ex.submit(decode, r, cfg.cluster.decode_cpus or cpus[p + r]) for r in range(d)]
-    prefill_jobs = [ex.submit(prefill, i, cfg.cluster.prefill_cpus or cpus[i]) for i in range(p)]
-    return Jobs(array_tasks=prefill_jobs, decode=decode_jobs)
+    return ex
+
+
+def _cores(cfg: Config) -> list[str | None]:
+    """Each local worker's cores: prefill (or colocated) workers first, then decode ranks."""
+    d = 0 if cfg.pools.mode == "colocated" else cfg.pools.decode
+    return cpu_slices(cfg.pools.prefill + d, cfg.cluster.cpu_bind)
+
+
+def _task_starter(cfg: Config, run: RunDir, ex) -> Callable[[int], Any]:
+    """start(i): array task ``i`` as a local process, on the cores of prefill worker
+    ``i mod pools.prefill`` (a task that joined later shares them)."""
+    role = "colocated" if cfg.pools.mode == "colocated" else "prefill"
+    task_job, cpus, p = ArrayTaskJob(role, str(run.path)), _cores(cfg), cfg.pools.prefill
+    return lambda i: ex.submit(task_job, i, cfg.cluster.prefill_cpus or cpus[i % p])
+
+
+def launch_local(cfg: Config, run: RunDir) -> Jobs:
+    """Start the workers of ``cfg.pools`` as local processes; returns their submitit jobs (with
+    ``restart``: array task i started again on its own cores)."""
+    ex = _executor(cfg, run)
+    p, d = cfg.pools.prefill, cfg.pools.decode
+    decode_jobs = []
+    if cfg.pools.mode != "colocated":
+        decode, cpus = DecodeJob(str(run.path)), _cores(cfg)
+        decode_jobs = [ex.submit(decode, r, cfg.cluster.decode_cpus or cpus[p + r]) for r in range(d)]
+    start = _task_starter(cfg, run, ex)
+    return Jobs(array_tasks=[start(i) for i in range(p)], decode=decode_jobs, restart=start)
+
+
+def join_local(cfg: Config, run: RunDir, tasks: list[int]) -> Jobs:
+    """Start array tasks ``tasks`` (indices beyond those of the run's launch) as local processes
+    that join the run at ``run``."""
+    start = _task_starter(cfg, run, _executor(cfg, run))
+    return Jobs(array_tasks=[start(i) for i in tasks], restart=lambda k: start(tasks[k]))

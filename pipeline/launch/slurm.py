@@ -71,13 +71,37 @@ def launch_slurm(cfg: Config, run: RunDir, n_units: int) -> Jobs:
     chunk = cfg.cluster.max_array_size or max_array_size()
     tasks_jobs: list = []
     for start in range(0, n_tasks, chunk):
-        ex = _executor(cfg, run, f"pd-{role}-{tag}", cfg.model.prefill_tp, cfg.cluster.prefill_partition)
+        ex = _task_executor(cfg, run)
         extra = dict(ex.parameters.get("additional_parameters") or {})
         deps = [d for d in (depends, f"afterany:{tasks_jobs[-1].job_id.split('_')[0]}" if tasks_jobs else None) if d]
         if deps:
             extra["dependency"] = ",".join(deps)
-        ex.update_parameters(nodes=1, ntasks_per_node=1, array_parallelism=cfg.pools.prefill,
-                             additional_parameters=extra)
+        ex.update_parameters(array_parallelism=cfg.pools.prefill, additional_parameters=extra)
         tasks = list(range(start, min(start + chunk, n_tasks)))
         tasks_jobs += ex.map_array(task_job, tasks, [cfg.cluster.prefill_cpus] * len(tasks))
-    return Jobs(array_tasks=tasks_jobs, decode=decode_jobs)
+    return Jobs(array_tasks=tasks_jobs, decode=decode_jobs, restart=_task_restart(cfg, run, task_job))
+
+
+def _task_executor(cfg: Config, run: RunDir) -> submitit.SlurmExecutor:
+    """The executor of the prefill (or colocated) array: one task, one node."""
+    role = "prefill" if cfg.pools.mode == "disaggregated" else "colocated"
+    ex = _executor(cfg, run, f"pd-{role}-{run.path.name}", cfg.model.prefill_tp, cfg.cluster.prefill_partition)
+    ex.update_parameters(nodes=1, ntasks_per_node=1)
+    return ex
+
+
+def _task_restart(cfg: Config, run: RunDir, task_job: ArrayTaskJob):
+    """restart(i): array task ``i`` submitted again as a job of its own (same task index)."""
+    return lambda i: _task_executor(cfg, run).submit(task_job, i, cfg.cluster.prefill_cpus)
+
+
+def join_slurm(cfg: Config, run: RunDir, tasks: list[int]) -> Jobs:
+    """Submit array tasks ``tasks`` (indices beyond those of the run's launch) as a job array
+    that joins the running run at ``run``: no dependency, all at once."""
+    role = "prefill" if cfg.pools.mode == "disaggregated" else "colocated"
+    task_job = ArrayTaskJob(role, str(run.path), cfg.cluster.shards_per_task)
+    ex = _task_executor(cfg, run)
+    ex.update_parameters(array_parallelism=len(tasks))
+    jobs = ex.map_array(task_job, tasks, [cfg.cluster.prefill_cpus] * len(tasks))
+    restart = _task_restart(cfg, run, task_job)
+    return Jobs(array_tasks=jobs, restart=lambda k: restart(tasks[k]))

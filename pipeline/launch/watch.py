@@ -9,10 +9,15 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
+from typing import Any, Callable
 
 from tqdm import tqdm
 
+from pipeline.io.atomic import write_json
+from pipeline.runtime.claims import LiveWorkers
 from pipeline.runtime.rundir import RunDir
+
+TASK_RESTARTS = 1  # times an array task killed outright (no result, no exception) is started again
 
 
 class RunFailed(RuntimeError):
@@ -26,9 +31,17 @@ class Jobs:
 
     array_tasks: list = field(default_factory=list)
     decode: list = field(default_factory=list)
+    # restart(i): array task i started again (a new job, the same task index, so the same worker
+    # id: it resumes its own claims); None where the launcher cannot.
+    restart: Callable[[int], Any] | None = None
 
     def all(self) -> list:
         return self.array_tasks + self.decode
+
+    def save(self, path) -> None:
+        """Write the job ids to ``path`` (``RUN_DIR/jobs.json``), array tasks in task order."""
+        write_json(path, {"array_tasks": [j.job_id for j in self.array_tasks],
+                          "decode": [j.job_id for j in self.decode]})
 
 
 class _QueueCheck:
@@ -107,6 +120,44 @@ def _failure(job, queue: _QueueCheck) -> str | None:
     return f"job {job.job_id}: {cause} (log: {job.paths.stderr})"
 
 
+def _killed(job, queue: _QueueCheck) -> bool:
+    """Whether ``job`` ended without a result or an exception of its own: killed outright
+    (SIGKILL, the out-of-memory killer, its node lost and not requeued, cancelled)."""
+    if not queue.ended(job):
+        return False
+    if job.job_id in queue.gone and not job.done():
+        return True
+    if not job.done():
+        return False
+    if not job.paths.result_pickle.exists():
+        return True
+    try:
+        job.exception()
+    except Exception:  # submitit's UncompletedJobError: no result written
+        return True
+    return False
+
+
+def _restart_killed(run: RunDir, jobs: Jobs, queue: _QueueCheck, restarts: list[int]) -> None:
+    """Start again each array task killed outright (:func:`_killed`) that has restarts left
+    while some shard is neither done nor failed; record the new job in ``RUN_DIR/jobs.json``."""
+    if jobs.restart is None:
+        return
+    for i, job in enumerate(jobs.array_tasks):
+        if restarts[i] >= TASK_RESTARTS or not _killed(job, queue):
+            continue
+        ended = set(run.done()) | set(run.failed())
+        if all(s.name in ended for s in run.shards()):
+            return
+        why = _failure(job, queue)
+        restarts[i] += 1
+        jobs.array_tasks[i] = jobs.restart(i)
+        jobs.save(run.path / "jobs.json")
+        tqdm.write(f"warning: {why}; array task {i} started again as job {jobs.array_tasks[i].job_id} "
+                   f"(restart {restarts[i]} of {TASK_RESTARTS}): it resumes its claimed rows from their checkpoints",
+                   file=sys.stderr)
+
+
 def _cancel(job, grace_s: float = 10.0) -> None:
     """Cancel ``job``.
 
@@ -142,13 +193,20 @@ def _cancel(job, grace_s: float = 10.0) -> None:
 
 
 def watch(run: RunDir, jobs: Jobs, total_rows: int, progress: bool = True,
-          poll_s: float = 0.5, stop_grace_s: float = 120.0) -> None:
+          poll_s: float = 0.5, stop_grace_s: float = 120.0, joined: bool = False) -> None:
     """Wait for every owner to end, showing rows and output tokens done (and, until every engine
-    is ready, how many are: ``starting engines: prefill 0/1, decode 1/1 ready``); then ask
-    decode workers to stop and wait for them.
+    is ready, how many are: ``starting engines: prefill 0/1, decode 1/1 ready``); then, once no
+    other worker serves the run either (one that joined from another launch: its heartbeat lives,
+    :class:`~pipeline.runtime.claims.LiveWorkers`), ask decode workers to stop and wait for them.
 
-    A decode worker that ends while others live is reported as a warning: prefill workers hand
-    its rows to the others.
+    An array task killed outright while shards remain (SIGKILL, out of memory: :func:`_killed`)
+    is started again, :data:`TASK_RESTARTS` times at most, as a warning: it resumes its claimed
+    units from their row checkpoints, so only its rows in flight are served again. A task that
+    raised fails the run (its cause is named). A decode worker that ends while others live is
+    reported as a warning: prefill workers hand its rows to the others.
+
+    ``joined``: these jobs joined a run that another launch follows (:func:`pipeline.run.join_job`):
+    wait for them only; that launch stops the decode workers.
 
     Raises:
         RunFailed: an array task failed, or every decode worker ended while array tasks still ran.
@@ -159,10 +217,18 @@ def watch(run: RunDir, jobs: Jobs, total_rows: int, progress: bool = True,
     warned: set[str] = set()
     starting: str | None = "starting engines"  # the engines' start-up line, until all are ready
     queue = _QueueCheck()
+    live, live_checked = LiveWorkers(run.path), -1e9
+    restarts = [0] * len(jobs.array_tasks)
     try:
         while True:
             queue.refresh(jobs.all())
-            if all(queue.ended(j) for j in jobs.array_tasks):
+            _restart_killed(run, jobs, queue, restarts)
+            own_ended = all(queue.ended(j) for j in jobs.array_tasks)
+            # Heartbeats are read every 5 s (each worker's file), so that a killed worker's
+            # stands still from early on, and at every poll once this launch's tasks have ended.
+            if own_ended or time.monotonic() - live_checked > 5:
+                live_checked, others = time.monotonic(), live.live()
+            if own_ended and (joined or not others or any(_failure(j, queue) for j in jobs.array_tasks)):
                 break
             done = run.progress()
             rows_bar.update(sum(p["rows"] for p in done) - rows_bar.n)
@@ -194,10 +260,11 @@ def watch(run: RunDir, jobs: Jobs, total_rows: int, progress: bool = True,
     finally:
         rows_bar.close()
         tokens_bar.close()
-        run.request_stop()
+        if not joined:
+            run.request_stop()
     array_failed = [e for e in (_failure(j, queue) for j in jobs.array_tasks) if e]
     # After a failed owner the run is over: do not wait for decode workers to wind down.
-    deadline = time.monotonic() + (0 if array_failed or errors else stop_grace_s)
+    deadline = time.monotonic() + (0 if array_failed or errors or joined else stop_grace_s)
     while time.monotonic() < deadline:
         queue.refresh(jobs.decode)
         if all(queue.ended(j) for j in jobs.decode):

@@ -22,6 +22,10 @@ Protocol, on the run directory's shared file system (POSIX or NFS; no lock serve
   by linking the next generation; two claimants racing for it cannot both win.
 - **A holder whose unit was taken over** (it was only slow, or cut off) sees that the highest
   generation no longer names it (:meth:`Claims.holds`) and does not mark it done.
+- **A worker that ends** (done, or failed with an exception) writes a last heartbeat marked
+  ``ended``; one killed outright (SIGKILL, a lost node) never does. The launcher waits for every
+  worker whose heartbeat lives and has not ended (:class:`LiveWorkers`: workers that joined the run
+  from another launch included) before it stops the decode workers.
 - A new launch of the same run directory starts with no claims (:meth:`RunDir.create` clears them):
   no worker of an earlier launch is still running then.
 """
@@ -140,11 +144,13 @@ class Claims:
         return None
 
     # -- heartbeat ------------------------------------------------------------------------------
-    def beat(self) -> None:
-        """Write this worker's heartbeat once (a counter, so that it changes every time)."""
+    def beat(self, ended: bool = False) -> None:
+        """Write this worker's heartbeat once (a counter, so that it changes every time);
+        ``ended``: its last, this worker will claim and serve nothing more."""
         self._beat += 1
         write_json(self.dir / "workers" / f"{self.worker}.json",
-                   {"worker": self.worker, "beat": self._beat, "at": time.time(), "pid": os.getpid()})
+                   {"worker": self.worker, "beat": self._beat, "at": time.time(), "pid": os.getpid(),
+                    "ended": ended})
 
     def start_heartbeat(self, every_s: float = HEARTBEAT_S) -> "Claims":
         """Beat now and then every ``every_s`` seconds from a daemon thread, so that a worker
@@ -163,9 +169,38 @@ class Claims:
         return self
 
     def stop_heartbeat(self) -> None:
+        """Stop beating and write the last heartbeat, marked ``ended``."""
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=5)
+            try:
+                self.beat(ended=True)
+            except OSError:
+                pass  # then it reads as dead once its heartbeat has been still for dead_after_s
+
+
+class LiveWorkers:
+    """The launcher's view of the workers' heartbeats: which workers still serve the run.
+
+    A worker is live while its heartbeat is not marked ``ended`` and has changed within
+    ``dead_after_s`` seconds of this process's clock (:meth:`Claims.alive`); so one killed
+    outright counts as live for up to ``dead_after_s`` after this observer first read it.
+    """
+
+    def __init__(self, run_path: str | os.PathLike, dead_after_s: float = DEAD_AFTER_S):
+        self._claims = Claims(run_path, "", dead_after_s)
+
+    def live(self) -> list[str]:
+        """Ids of the live workers, sorted."""
+        out = []
+        for f in sorted((self._claims.dir / "workers").glob("*.json")):
+            try:
+                ended = json.loads(f.read_text()).get("ended", False)
+            except (OSError, ValueError):
+                ended = False  # half-written by a beat in flight: it lives
+            if not ended and self._claims.alive(f.stem):
+                out.append(f.stem)
+        return out
 
 
 def holders(run_path: str | os.PathLike) -> dict[int, tuple[int, str]]:

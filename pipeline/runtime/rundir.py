@@ -11,6 +11,7 @@ Layout::
     RUN_DIR/progress/WORKER.json   rows and output tokens done so far, rewritten as rows finish
     RUN_DIR/engines/WORKER.json    when a worker's engine started and when it was ready
     RUN_DIR/claims/                which worker holds which unit (pipeline.runtime.claims)
+    RUN_DIR/joined/task-N.json     an array task added to the running run (pipeline.run.join_job)
     RUN_DIR/parts/SHARD/           the parts of a shard split into row ranges (pipeline.io.units)
     RUN_DIR/stop                   written by the launcher once every prefill task has ended
     RUN_DIR/logs/                  submitit's per-worker logs
@@ -42,7 +43,7 @@ class RunDir:
                sample_lists: bool | None = None, units: list[Unit] | None = None) -> None:
         """Lay out the run directory, or reuse one from an earlier run of the same job: done
         shards and row checkpoints stay; what belonged to the earlier launch (decode endpoints,
-        progress, engines ready, shard claims, failed marks, the stop request) goes. Whether ``cfg`` may reuse it (the same
+        progress, engines ready, shard claims, joined tasks, failed marks, the stop request) goes. Whether ``cfg`` may reuse it (the same
         settings as the results there) is checked before, by :mod:`pipeline.preflight`. ``units``:
         the work units (:mod:`pipeline.io.units`; None: one per shard); the parts of an earlier
         launch stay only when it cut the shards the same way.
@@ -50,7 +51,7 @@ class RunDir:
         units = units or [Unit(s.index) for s in shards]
         if (self.path / "shards.json").exists() and self.units() != units:
             shutil.rmtree(self.path / "parts", ignore_errors=True)
-        for sub in ("decode", "progress", "failed", "engines", "claims"):
+        for sub in ("decode", "progress", "failed", "engines", "claims", "joined"):
             shutil.rmtree(self.path / sub, ignore_errors=True)
         (self.path / "stop").unlink(missing_ok=True)
         for sub in ("decode", "done", "failed", "progress", "logs"):
@@ -92,6 +93,10 @@ class RunDir:
 
     def output_dir(self) -> str:
         return json.loads((self.path / "shards.json").read_text())["output"]
+
+    def total_rows(self) -> int:
+        """Input rows of the run, counted at launch (0 when not counted)."""
+        return json.loads((self.path / "shards.json").read_text()).get("rows") or 0
 
     @property
     def logs(self) -> Path:

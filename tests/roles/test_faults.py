@@ -15,6 +15,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from tests.conftest import COMMON, ROOT, SAMPLE, run_pipeline
+from pipeline.runtime.claims import holders
 from pipeline.runtime.rundir import RunDir
 from pipeline.roles.errors import DecodeUnavailable
 from pipeline.roles.router import wait_for_decode
@@ -32,36 +33,62 @@ def test_prefill_waits_for_decode_then_fails_clearly(tmp_path):
     assert sorted(asyncio.run(wait_for_decode(run, 2, timeout_s=1.0))) == [0, 1]
 
 
-@pytest.mark.e2e
-def test_prefill_killed_mid_shard_resumes_on_rerun(tmp_path, colocated_run):
-    shard = "part-00001.parquet"
-    args = [*COMMON, f"job.input={SAMPLE / shard}", "job.batch_rows=2", "job.checkpoint_rows=2",
-            f"run.dir={tmp_path / 'run'}", f"job.output={tmp_path / 'out'}"]
-    first = subprocess.Popen([sys.executable, "-m", "pipeline", *args], cwd=ROOT,
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    parts = tmp_path / "run" / "checkpoints" / shard
-    deadline = time.monotonic() + 600
-    while not list(parts.glob("part-*.parquet")):
-        assert first.poll() is None and time.monotonic() < deadline, "no checkpoint before the run ended"
+def _popen(*args: str) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "pipeline", *args], cwd=ROOT,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _until(check, what: str, proc: subprocess.Popen, timeout_s: float = 600) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not check():
+        assert proc.poll() is None and time.monotonic() < deadline, f"{what} did not happen before the run ended"
         time.sleep(0.2)
+
+
+@pytest.mark.e2e
+def test_a_killed_worker_is_started_again_and_a_joined_worker_claims(tmp_path, colocated_run):
+    """1P:1D over two shards (one unit each). Once prefill-0 holds the first, a second launch
+    adds a worker to the running run (``pools.prefill=+1``), which claims the other; prefill-0 is
+    then SIGKILLed (with its engine) once it has checkpointed rows. The launcher starts it again,
+    it resumes its claim from the checkpoint, waits for the joined worker before stopping decode,
+    and the run ends with every row once, equal to an undisturbed run."""
+    shards = ["part-00001.parquet", "part-00002.parquet"]
+    (tmp_path / "in").mkdir()
+    for s in shards:
+        (tmp_path / "in" / s).write_bytes((SAMPLE / s).read_bytes())
+    run_dir = tmp_path / "run"
+    args = [*COMMON, f"job.input={tmp_path / 'in'}", "job.batch_rows=2", "job.checkpoint_rows=2",
+            f"run.dir={run_dir}", f"job.output={tmp_path / 'out'}"]
+    first = _popen(*args)
+    _until(lambda: 0 in holders(run_dir), "prefill-0's first claim", first)
+    joiner = _popen(*COMMON, f"run.dir={run_dir}", "pools.prefill=+1")
+    parts = run_dir / "checkpoints" / shards[0]
+    _until(lambda: list(parts.glob("part-*.parquet")), "a checkpoint of the first shard", first)
     # The local prefill job's id is its process id; kill it and its engine with SIGKILL.
-    owner = psutil.Process(int(json.loads((tmp_path / "run" / "jobs.json").read_text())["array_tasks"][0]))
-    victims = [owner, *owner.children(recursive=True)]
-    for p in victims:
+    owner = psutil.Process(int(json.loads((run_dir / "jobs.json").read_text())["array_tasks"][0]))
+    for p in [owner, *owner.children(recursive=True)]:
         p.send_signal(signal.SIGKILL)
     saved = sum(pq.read_metadata(p).num_rows for p in parts.glob("part-*.parquet"))
-    out, err = first.communicate(timeout=300)
-    assert first.returncode == 1 and "run failed" in err, err[-2000:]
-    assert not (tmp_path / "out" / shard).exists()
-
-    again = run_pipeline(*args)
-    assert again.returncode == 0, again.stderr[-3000:]
-    done = json.loads((tmp_path / "run" / "done" / f"{shard}.json").read_text())
+    out, err = first.communicate(timeout=600)
+    assert first.returncode == 0, err[-3000:]
+    assert "ended without a result (killed?)" in err and "array task 0 started again as job" in err, err[-3000:]
+    assert "(2/2 shards)" in out and "rows 16: 16 generated, 0 errors" in out, out
+    j_out, j_err = joiner.communicate(timeout=300)
+    assert joiner.returncode == 0, j_err[-3000:]
+    assert f"joined {run_dir}: array tasks 1 (job " in j_out, j_out
+    # The restarted task resumed its own claim, from the checkpoint; the joined task (index 1)
+    # claimed the other shard and served it whole, before the launcher stopped decode.
+    held = holders(run_dir)
+    assert sorted(held) == [0, 1] and all(generation == 0 for generation, _ in held.values()), held
+    assert held[0][1].startswith("prefill-0@") and held[1][1].startswith("prefill-1@"), held
+    done = json.loads((run_dir / "done" / f"{shards[0]}.json").read_text())
     assert done["resumed_rows"] >= saved > 0
-    got = pq.read_table(tmp_path / "out" / shard)
-    want = colocated_run.table(shard)
-    assert got.column("id").to_pylist() == want.column("id").to_pylist()
-    assert got.column("generation_token_ids").to_pylist() == want.column("generation_token_ids").to_pylist()
+    for s, worker in zip(shards, ("prefill-0", "prefill-1")):
+        got, want = pq.read_table(tmp_path / "out" / s), colocated_run.table(s)
+        assert got.column("error").null_count == got.num_rows
+        assert got.column("id").to_pylist() == want.column("id").to_pylist()
+        assert got.column("generation_token_ids").to_pylist() == want.column("generation_token_ids").to_pylist()
+        assert {w.split("@")[0] for w in got.column("prefill_worker").to_pylist()} == {worker}
 
 
 @pytest.mark.e2e

@@ -24,7 +24,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from pipeline.runtime.claims import Claims
+from pipeline.runtime.claims import Claims, LiveWorkers
 
 UNITS = 60
 CLAIMANTS = 8
@@ -91,6 +91,19 @@ def test_a_requeued_worker_resumes_its_own_claim_and_a_limit_caps_its_claims(tmp
     assert requeued.claim_next(range(4)) == 0
     assert requeued.claim_next(range(4), settled={0}) == 2
     assert a.holds(0) and not b.holds(0)
+
+
+def test_the_launcher_sees_a_worker_live_until_it_ends_or_its_heartbeat_stands_still(tmp_path):
+    watcher = LiveWorkers(tmp_path, dead_after_s=0.5)
+    assert watcher.live() == []
+    a = Claims(tmp_path, "prefill-0").start_heartbeat(every_s=0.1)
+    b = Claims(tmp_path, "prefill-1")
+    b.beat()  # one beat, then nothing: killed outright
+    assert watcher.live() == ["prefill-0", "prefill-1"]
+    time.sleep(0.8)
+    assert watcher.live() == ["prefill-0"]  # b's heartbeat stood still for 0.5 s of this clock
+    a.stop_heartbeat()  # its last beat says it ended
+    assert watcher.live() == []
 
 
 def _skewed_input(folder: Path, sizes: list[int]) -> list[list[str]]:
