@@ -30,6 +30,9 @@ class Summary:
     output_tokens: int
     wall_s: float
     failed: dict[str, str] = field(default_factory=dict)  # shard name -> why it failed as a whole
+    # decode rank -> its worker, for each rank that never stopped (lost with its node, killed):
+    # its rows in flight were served again by the other ranks
+    lost_decode: dict[int, str] = field(default_factory=dict)
     report: dict | None = None  # pipeline.report's summary (report.json), when it was written
 
     @property
@@ -44,7 +47,9 @@ class Summary:
                 f"output: {self.output} ({self.shards_done}/{self.shards} shards)\n"
                 f"run dir: {self.run_dir}"
                 + (f"\nreport: {self.report['report_dir']} | {_latency_line(self.report)}" if self.report else "")
-                + "".join(f"\nfailed shard {name}: {why}" for name, why in self.failed.items()))
+                + "".join(f"\nfailed shard {name}: {why}" for name, why in self.failed.items())
+                + "".join(f"\ndecode rank {rank} ({worker}) was lost during the run; the other decode ranks "
+                          f"served its rows" for rank, worker in self.lost_decode.items()))
 
 
 def _latency_line(r: dict) -> str:
@@ -100,7 +105,7 @@ class RunHandle:
         if self._summary is None:
             watch(self.run, self.jobs, self.total_rows, progress=progress, joined=self.joined)
             self._summary = summarize(self.run, self.output, self.n_shards, time.monotonic() - self.started,
-                                      write=not self.joined)
+                                      final=not self.joined)
             if self.cfg.run.report and not self.joined:
                 self._summary.report = _report(self.run)
         return self._summary
@@ -247,8 +252,10 @@ def _report(run: RunDir) -> dict | None:
     return r
 
 
-def summarize(run: RunDir, output: str, n_shards: int, wall_s: float, write: bool = True) -> Summary:
-    """The run's totals from its done and failed markers; ``write``: also as ``RUN_DIR/summary.json``."""
+def summarize(run: RunDir, output: str, n_shards: int, wall_s: float, final: bool = True) -> Summary:
+    """The run's totals from its done and failed markers. ``final``: the run has ended, so it is
+    written as ``RUN_DIR/summary.json`` and a decode rank that never stopped counts as lost
+    (False: where it stands, for workers that joined it)."""
     done = run.done()
     summary = Summary(
         run_dir=str(run.path), output=output, shards=n_shards, shards_done=len(done),
@@ -256,7 +263,9 @@ def summarize(run: RunDir, output: str, n_shards: int, wall_s: float, write: boo
         prompt_tokens=sum(d["prompt_tokens"] for d in done.values()),
         output_tokens=sum(d["output_tokens"] for d in done.values()),
         wall_s=wall_s, failed={name: f["error"] for name, f in run.failed().items()},
+        lost_decode={rank: ep["worker"] for rank, ep in sorted(run.decode_endpoints().items())
+                     if final and not ep.get("stopped")},
     )
-    if write:
+    if final:
         write_json(run.path / "summary.json", {**asdict(summary), "output_tokens_per_s": summary.output_tokens_per_s})
     return summary

@@ -223,7 +223,7 @@ class ClusterConfig:
 
     ``launcher=local``: submitit's local executor, one process per worker on this machine.
     ``launcher=slurm``: the decode ranks as one Slurm job (one task per rank) and the prefill
-    (or colocated) workers as a job array started after the decode job (``--dependency=after``).
+    (or colocated) workers as a job array started after the decode jobs (``--dependency=after``).
 
     CPU binding of each engine (``VLLM_CPU_OMP_THREADS_BIND``): ``prefill_cpus`` /
     ``decode_cpus`` when set (a core list such as ``"0"`` or ``"0,1"``); otherwise
@@ -239,7 +239,7 @@ class ClusterConfig:
     timeout_min: int = 120  # minutes a worker may run (Slurm: the time limit)
     partition: Optional[str] = None  # -- Slurm: this and the settings below --
     prefill_partition: Optional[str] = None  # the prefill/colocated array's (spot capacity); null: partition
-    decode_partition: Optional[str] = None  # the decode job's (reserved capacity); null: partition
+    decode_partition: Optional[str] = None  # the decode jobs' (reserved capacity); null: partition
     account: Optional[str] = None  # sbatch --account
     qos: Optional[str] = None  # sbatch --qos
     constraint: Optional[str] = None  # node feature(s), e.g. "ib" for InfiniBand nodes

@@ -11,17 +11,17 @@ import submitit
 
 
 class DecodeJob:
-    """Decode rank(s). On Slurm one job runs every rank, one task each; the rank is the task's
-    global rank."""
+    """Decode rank(s). On Slurm each node's ranks are a job of their own, one task per rank
+    (so that a node lost takes only its own ranks), rank ``first_rank`` + the task's rank in it."""
 
-    def __init__(self, run_dir: str):
-        self.run_dir = run_dir
+    def __init__(self, run_dir: str, first_rank: int = 0):
+        self.run_dir, self.first_rank = run_dir, first_rank
 
     def __call__(self, rank: int | None = None, cpus: str | None = None) -> str:
         from pipeline.roles.decode import decode_main
 
         if rank is None:
-            rank = submitit.JobEnvironment().global_rank
+            rank = self.first_rank + submitit.JobEnvironment().global_rank
         return decode_main(self.run_dir, rank, cpus)
 
     def checkpoint(self, *args, **kwargs) -> submitit.helpers.DelayedSubmission:

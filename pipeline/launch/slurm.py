@@ -1,8 +1,10 @@
-"""Slurm launcher (submitit): the decode ranks as one job, one task per rank; the prefill (or
-colocated) workers as a job array whose parallelism is the prefill pool size, each task claiming
-shards as it frees up (at most ``cluster.shards_per_task`` each, when set), held until the decode job has started (``--dependency=after:JOBID``) so prefill never holds nodes while decode
-waits in the queue. Arrays larger than the cluster's ``MaxArraySize`` are split into chunks, each
-held until the previous chunk ends, so at most ``pools.prefill`` tasks run at once."""
+"""Slurm launcher (submitit): the decode ranks as one job per node (a node lost takes only its
+own ranks), one task per rank; the prefill (or colocated) workers as a job array whose
+parallelism is the prefill pool size, each task claiming shards as it frees up (at most
+``cluster.shards_per_task`` each, when set), held until the decode jobs have started
+(``--dependency=after:JOBID:JOBID...``) so prefill never holds nodes while decode waits in the
+queue. Arrays larger than the cluster's ``MaxArraySize`` are split into chunks, each held until
+the previous chunk ends, so at most ``pools.prefill`` tasks run at once."""
 
 from __future__ import annotations
 
@@ -61,10 +63,11 @@ def launch_slurm(cfg: Config, run: RunDir, n_units: int) -> Jobs:
     if cfg.pools.mode == "disaggregated":
         d = cfg.pools.decode
         per_node = min(cfg.cluster.decode_ranks_per_node, d)
-        ex = _executor(cfg, run, f"pd-decode-{tag}", cfg.model.decode_tp, cfg.cluster.decode_partition)
-        ex.update_parameters(nodes=math.ceil(d / per_node), ntasks_per_node=per_node)
-        decode_jobs = [ex.submit(DecodeJob(path), None, cfg.cluster.decode_cpus)]
-        depends = f"after:{decode_jobs[0].job_id}"
+        for first in range(0, d, per_node):
+            ex = _executor(cfg, run, f"pd-decode-{tag}", cfg.model.decode_tp, cfg.cluster.decode_partition)
+            ex.update_parameters(nodes=1, ntasks_per_node=min(per_node, d - first))
+            decode_jobs.append(ex.submit(DecodeJob(path, first), None, cfg.cluster.decode_cpus))
+        depends = "after:" + ":".join(j.job_id for j in decode_jobs)
     role = "prefill" if cfg.pools.mode == "disaggregated" else "colocated"
     n_tasks = n_array_tasks(cfg, n_units)
     task_job = ArrayTaskJob(role, path, cfg.cluster.shards_per_task)

@@ -18,6 +18,7 @@ from pipeline.runtime.claims import LiveWorkers
 from pipeline.runtime.rundir import RunDir
 
 TASK_RESTARTS = 1  # times an array task killed outright (no result, no exception) is started again
+LOST_RANK_GRACE_S = 30.0  # seconds decode jobs get to end once no rank serves, before they are cancelled
 
 
 class RunFailed(RuntimeError):
@@ -120,6 +121,26 @@ def _failure(job, queue: _QueueCheck) -> str | None:
     return f"job {job.job_id}: {cause} (log: {job.paths.stderr})"
 
 
+class _DecodeBeats:
+    """The decode ranks still serving, from their endpoint files (``RUN_DIR/decode/rank-N.json``):
+    not marked ``stopped`` and a heartbeat that changed within ``dead_after_s`` seconds of this
+    process's clock. A rank lost with its node is neither."""
+
+    def __init__(self, run: RunDir, dead_after_s: float):
+        self.run, self.dead_after_s = run, dead_after_s
+        self.seen: dict[int, tuple[object, float]] = {}  # rank -> (heartbeat read, when it changed)
+
+    def serving(self) -> list[int]:
+        now, out = time.monotonic(), []
+        for rank, ep in self.run.decode_endpoints().items():
+            beat = ep.get("heartbeat")
+            if rank not in self.seen or self.seen[rank][0] != beat:
+                self.seen[rank] = (beat, now)
+            if not ep.get("stopped") and now - self.seen[rank][1] < self.dead_after_s:
+                out.append(rank)
+        return out
+
+
 def _killed(job, queue: _QueueCheck) -> bool:
     """Whether ``job`` ended without a result or an exception of its own: killed outright
     (SIGKILL, the out-of-memory killer, its node lost and not requeued, cancelled)."""
@@ -218,6 +239,7 @@ def watch(run: RunDir, jobs: Jobs, total_rows: int, progress: bool = True,
     starting: str | None = "starting engines"  # the engines' start-up line, until all are ready
     queue = _QueueCheck()
     live, live_checked = LiveWorkers(run.path), -1e9
+    beats = _DecodeBeats(run, run.config().transport.decode_dead_after_s)
     restarts = [0] * len(jobs.array_tasks)
     try:
         while True:
@@ -228,6 +250,8 @@ def watch(run: RunDir, jobs: Jobs, total_rows: int, progress: bool = True,
             # stands still from early on, and at every poll once this launch's tasks have ended.
             if own_ended or time.monotonic() - live_checked > 5:
                 live_checked, others = time.monotonic(), live.live()
+                if jobs.decode:
+                    beats.serving()  # so that a lost rank's heartbeat is seen standing still early
             if own_ended and (joined or not others or any(_failure(j, queue) for j in jobs.array_tasks)):
                 break
             done = run.progress()
@@ -263,12 +287,17 @@ def watch(run: RunDir, jobs: Jobs, total_rows: int, progress: bool = True,
         if not joined:
             run.request_stop()
     array_failed = [e for e in (_failure(j, queue) for j in jobs.array_tasks) if e]
-    # After a failed owner the run is over: do not wait for decode workers to wind down.
+    # After a failed owner the run is over: do not wait for decode workers to wind down. Once
+    # no rank serves any more (each stopped, or lost with its node: a lost node's job may stay
+    # "running" until Slurm notices, then wait for a node as a requeued job), their jobs get
+    # LOST_RANK_GRACE_S to end before they are cancelled.
     deadline = time.monotonic() + (0 if array_failed or errors or joined else stop_grace_s)
     while time.monotonic() < deadline:
         queue.refresh(jobs.decode)
         if all(queue.ended(j) for j in jobs.decode):
             break
+        if not beats.serving():
+            deadline = min(deadline, time.monotonic() + LOST_RANK_GRACE_S)
         time.sleep(poll_s)
     for j in jobs.decode:
         if not j.done():

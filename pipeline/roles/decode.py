@@ -287,6 +287,11 @@ class DecodeServer:
 
     def close(self) -> None:
         self.beating.cancel()
+        try:
+            self.run.publish_decode(self.rank, self.endpoint, self.worker, self.capacity, self.dram_capacity,
+                                    stopped=True)
+        except OSError:
+            pass  # then the launcher waits for its heartbeat to stand still
         if self.polling is not None:
             self.polling.cancel()
             write_dram_use(self.run.path, self.worker, {**self.pool.use_record(), "block_tokens": self.block_size})

@@ -103,15 +103,17 @@ class RunDir:
         return self.path / "logs"
 
     # -- decode endpoints ---------------------------------------------------------------------
-    def publish_decode(self, rank: int, endpoint: str, worker: str,
-                       kv_capacity_tokens: int | None = None, dram_capacity_tokens: int | None = None) -> None:
+    def publish_decode(self, rank: int, endpoint: str, worker: str, kv_capacity_tokens: int | None = None,
+                       dram_capacity_tokens: int | None = None, stopped: bool = False) -> None:
         """Publish (or refresh: the time written is the worker's heartbeat) a decode endpoint.
         ``kv_capacity_tokens``: the tokens its KV cache holds (blocks x block size), which
         prefill workers route by; ``dram_capacity_tokens``: the tokens its DRAM tier holds
-        (slots x block size; None without one)."""
+        (slots x block size; None without one); ``stopped``: its last, written as it stops
+        serving (a rank lost with its node never writes it)."""
         write_json(self.path / "decode" / f"rank-{rank}.json",
                    {"endpoint": endpoint, "worker": worker, "heartbeat": time.time(),
-                    "kv_capacity_tokens": kv_capacity_tokens, "dram_capacity_tokens": dram_capacity_tokens})
+                    "kv_capacity_tokens": kv_capacity_tokens, "dram_capacity_tokens": dram_capacity_tokens,
+                    "stopped": stopped})
 
     def decode_endpoints(self) -> dict[int, dict[str, str]]:
         out = {}

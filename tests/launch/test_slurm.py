@@ -7,13 +7,14 @@ from __future__ import annotations
 
 import json
 import subprocess
+import sys
 import time
 
 import pyarrow.parquet as pq
 import pytest
 
 from pipeline.runtime.claims import holders
-from tests.conftest import COMMON, SAMPLE, SLURM, assert_across_hosts, node_bytes_sent, run_pipeline
+from tests.conftest import COMMON, ROOT, SAMPLE, SLURM, assert_across_hosts, node_bytes_sent, run_pipeline
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slurm]
 SHARDS = sorted(p.name for p in SAMPLE.glob("*.parquet"))
@@ -23,18 +24,67 @@ def _scontrol_job(job_id: str) -> str:
     return subprocess.run(["scontrol", "show", "job", job_id], capture_output=True, text=True).stdout
 
 
+NETFAULT = ["bash", str(ROOT / "slurm" / "netfault.sh")]
+LOST = "pd-node4"  # decode rank 1's node, lost mid-run in slurm_run
+
+
+def _served_by(run_dir, decode_worker: str) -> bool:
+    """Whether a row checkpoint of the run names ``decode_worker`` (``decode-1@pd-node4``)."""
+    for f in (run_dir / "checkpoints").glob("*/part-*.parquet"):
+        try:
+            if decode_worker in pq.read_table(f, columns=["decode_worker"]).column("decode_worker").to_pylist():
+                return True
+        except OSError:
+            pass  # renamed away while read
+    return False
+
+
 @pytest.fixture(scope="session")
 def slurm_run(slurm_cluster, tmp_path_factory):
     """2P:2D with NIXL push on four nodes, the workers' addresses left to the pipeline (each
-    node's name resolves to 127.0.1.1 there, as Debian's /etc/hosts makes it)."""
+    node's name resolves to 127.0.1.1 there, as Debian's /etc/hosts makes it). Once decode rank
+    1 has served a row, its node is lost (``netfault.sh pd-node4 lost``: link down, every process
+    SIGKILLed) and stays lost until the run has ended (issue #27)."""
     base = tmp_path_factory.mktemp("slurm")
     sent = node_bytes_sent()
-    p = run_pipeline(*COMMON, *SLURM, "transport=nixl_push", "pools.prefill=2", "pools.decode=2",
-                     "run.wait=true", f"run.dir={base / 'run'}", f"job.input={SAMPLE}",
-                     f"job.output={base / 'output'}", timeout=1500)
-    assert p.returncode == 0, f"{p.stdout}\n{p.stderr[-4000:]}"
+    run_dir = base / "run"
+    p = subprocess.Popen([sys.executable, "-m", "pipeline", *COMMON, *SLURM, "transport=nixl_push",
+                          "pools.prefill=2", "pools.decode=2", "transport.decode_dead_after_s=10",
+                          "job.checkpoint_rows=2", "run.wait=true", f"run.dir={run_dir}", f"job.input={SAMPLE}",
+                          f"job.output={base / 'output'}"], cwd=ROOT, text=True,
+                         stdout=(base / "stdout.txt").open("w"), stderr=(base / "stderr.txt").open("w"))
+    try:
+        deadline = time.monotonic() + 900
+        while not _served_by(run_dir, f"decode-1@{LOST}"):
+            assert p.poll() is None and time.monotonic() < deadline, \
+                f"decode rank 1 served no row before the run ended: {(base / 'stderr.txt').read_text()[-3000:]}"
+            time.sleep(0.5)
+        subprocess.run([*NETFAULT, LOST, "lost"], check=True, timeout=60)
+        p.wait(timeout=900)
+        # Seconds from the launcher's stop request (every prefill task ended) to its exit.
+        base.joinpath("stop_to_end_s").write_text(f"{time.time() - (run_dir / 'stop').stat().st_mtime:.1f}")
+    finally:
+        if p.poll() is None:
+            p.kill()
+        subprocess.run([*NETFAULT, LOST, "back"], timeout=60)
+    assert p.returncode == 0, f"{(base / 'stdout.txt').read_text()}\n{(base / 'stderr.txt').read_text()[-4000:]}"
     base.joinpath("sent.json").write_text(json.dumps(sent))
     return base
+
+
+def test_a_lost_decode_node_leaves_the_run_to_the_other_rank(slurm_run):
+    """The other decode rank (its own Slurm job) kept serving, every row came out once (the
+    next test compares them with an undisturbed run), the run did not wait for the lost node,
+    and its summary names the lost rank."""
+    out = (slurm_run / "stdout.txt").read_text()
+    assert f"decode rank 1 (decode-1@{LOST}) was lost during the run; the other decode ranks served its rows" in out
+    assert "rows 24: 24 generated, 0 errors" in out, out
+    # Once every prefill task had ended, the launcher gave the decode jobs the 30 s it gives them
+    # once no rank serves (rank 0 stopped, rank 1 lost), not the 120 s it waits for a rank
+    # still serving.
+    assert float((slurm_run / "stop_to_end_s").read_text()) < 60
+    rows = [r for s in SHARDS for r in pq.read_table(slurm_run / "output" / s).to_pylist()]
+    assert {r["decode_worker"] for r in rows} == {"decode-0@pd-node3", f"decode-1@{LOST}"}
 
 
 def test_slurm_run_crossed_hosts(slurm_run):
@@ -43,7 +93,7 @@ def test_slurm_run_crossed_hosts(slurm_run):
                for r in pq.read_table(slurm_run / "output" / s).to_pylist()}
     # Both prefill tasks and both decode ranks served rows, each on its own node.
     assert {p.split("@")[1] for p, _ in workers} == {"pd-node1", "pd-node2"}
-    assert {d for _, d in workers} == {"decode-0@pd-node3", "decode-1@pd-node4"}
+    assert {d for _, d in workers} == {"decode-0@pd-node3", f"decode-1@{LOST}"}
 
 
 def test_slurm_run_every_row_once(slurm_run, colocated_run):
@@ -59,8 +109,9 @@ def test_slurm_run_every_row_once(slurm_run, colocated_run):
 
 def test_slurm_jobs_asked_for_infiniband_and_used_an_array(slurm_run):
     jobs = json.loads((slurm_run / "run" / "jobs.json").read_text())
-    assert len(jobs["decode"]) == 1  # one job, one task per decode rank, one rank per node
-    assert "NumNodes=2 " in _scontrol_job(jobs["decode"][0])
+    assert len(jobs["decode"]) == 2  # one job per node (one decode rank each), so a node lost takes only its own
+    for job_id in jobs["decode"]:
+        assert "NumNodes=1 " in _scontrol_job(job_id)
     assert len(jobs["array_tasks"]) == 2  # one array task per prefill worker
     array_ids = {j.split("_")[0] for j in jobs["array_tasks"]}
     assert len(array_ids) == 1 and all("_" in j for j in jobs["array_tasks"])
@@ -69,7 +120,7 @@ def test_slurm_jobs_asked_for_infiniband_and_used_an_array(slurm_run):
         assert "Features=ib" in info, info
     # The prefill array was held until the decode job started, at most 2 tasks at once.
     sbatch = "".join(p.read_text() for p in (slurm_run / "run" / "logs").glob("*/*.sh"))
-    assert f"#SBATCH --dependency=after:{jobs['decode'][0]}" in sbatch
+    assert f"#SBATCH --dependency=after:{jobs['decode'][0]}:{jobs['decode'][1]}" in sbatch
     assert "#SBATCH --array=0-1%2" in sbatch
     workers = {r["prefill_worker"] for s in SHARDS for r in pq.read_table(slurm_run / "output" / s).to_pylist()}
     assert {w.split("@")[0] for w in workers} == {"prefill-0", "prefill-1"}

@@ -109,6 +109,7 @@ def test_decode_killed_mid_run_rows_go_to_the_other_decode(tmp_path, colocated_r
     out, err = first.communicate(timeout=900)
     assert first.returncode == 0, err[-3000:]
     assert "warning: " in err and "other decode workers" in err
+    assert "decode rank 0 (decode-0@" in out and "was lost during the run; the other decode ranks served its rows" in out
     got = pq.read_table(tmp_path / "out" / shard)
     want = colocated_run.table(shard)
     assert got.column("error").null_count == got.num_rows
