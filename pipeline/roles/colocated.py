@@ -28,7 +28,8 @@ def colocated_main(run_dir: str, task: int, limit: int | None, cpus: str | None)
 async def _colocated(run: RunDir, task: int, limit: int | None, cpus: str | None) -> str:
     cfg = run.config()
     worker = worker_id("colocated", task)
-    claims = Claims(run.path, worker)
+    # Claims name the task, not its host: a task requeued onto another node resumes its own.
+    claims = Claims(run.path, worker.split("@")[0])
     if claim_first(run, claims, limit) is None:
         return worker  # every shard is done or held by a live worker: no engine to start
     claims.start_heartbeat()

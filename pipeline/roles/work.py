@@ -34,7 +34,7 @@ async def own_shards(run: RunDir, cfg: Config, claims: Claims, worker: str, toke
     slots = asyncio.Semaphore(cfg.job.batch_rows)
     finishing, started = [], set()
     try:
-        await asyncio.to_thread(assemble_ready, run, claims, tokenizer, progress)
+        await asyncio.to_thread(assemble_ready, run, claims, tokenizer, progress, worker)
         while (i := claims.claim_next(range(len(units)), settled_units(run, units), limit, started)) is not None:
             started.add(i)
             owner = ShardOwner(run, cfg, shards[units[i].shard], worker, tokenizer, serve, slots, progress,
@@ -69,9 +69,11 @@ def settled_units(run: RunDir, units: list[Unit]) -> set[int]:
     return out
 
 
-def assemble_ready(run: RunDir, claims: Claims, tokenizer: Any, progress: Progress | None = None) -> None:
+def assemble_ready(run: RunDir, claims: Claims, tokenizer: Any, progress: Progress | None = None,
+                   worker: str | None = None) -> None:
     """Assemble every split shard whose parts are all written but which is not done (its
-    assembler was lost mid-way), claiming each assembly first."""
+    assembler was lost mid-way), claiming each assembly first; ``worker`` (default: the claims'
+    name) is recorded as its assembler."""
     shards = {s.index: s for s in run.shards()}
     units = run.units()
     done = set(run.done()) | set(run.failed())
@@ -79,4 +81,4 @@ def assemble_ready(run: RunDir, claims: Claims, tokenizer: Any, progress: Progre
         shard = shards[u.shard]
         if u.split and u.part == 0 and shard.name not in done and parts_done(run.parts_dir(shard), u.parts):
             if claims.claim(len(units) + u.shard):
-                finish_split(run, shard, u.parts, tokenizer, claims.worker, progress)
+                finish_split(run, shard, u.parts, tokenizer, worker or claims.worker, progress)

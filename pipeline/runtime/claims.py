@@ -15,8 +15,8 @@ Protocol, on the run directory's shared file system (POSIX or NFS; no lock serve
   generation's name. ``link`` fails with ``EEXIST`` when the name exists, on NFS too (the classic
   NFS-safe lock), so exactly one claimant wins a generation, and a reader never sees a claim half
   written. The holder of a unit is the worker named by its highest generation.
-- **A requeued worker** (same worker id: a Slurm requeue, a preempted task) finds its own claims
-  and resumes them first, from the unit's row checkpoints.
+- **A requeued worker** (the same task, on any node: a Slurm requeue, a preempted task) finds
+  its own claims and resumes them first, from the unit's row checkpoints.
 - **A dead holder** is one whose heartbeat has not changed for ``dead_after_s`` seconds of the
   observer's own clock (no comparison between the clocks of two nodes). Its unit is taken over
   by linking the next generation; two claimants racing for it cannot both win.
@@ -53,7 +53,8 @@ class Claims:
 
     Args:
         run_path: the run directory.
-        worker: this worker's id (``prefill-3``); a requeued task has the same id.
+        worker: this worker's task (``prefill-3``, without its host); a task requeued onto any
+            node has the same.
         dead_after_s: seconds a holder's heartbeat may stay unchanged before its claims are
             taken over.
     """

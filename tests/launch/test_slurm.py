@@ -14,7 +14,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from pipeline.runtime.claims import holders
-from tests.conftest import COMMON, ROOT, SAMPLE, SLURM, assert_across_hosts, node_bytes_sent, run_pipeline
+from tests.conftest import COMMON, PREFILL_NODES, ROOT, SAMPLE, SLURM, assert_across_hosts, node_bytes_sent
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slurm]
 SHARDS = sorted(p.name for p in SAMPLE.glob("*.parquet"))
@@ -129,12 +129,15 @@ def test_slurm_jobs_asked_for_infiniband_and_used_an_array(slurm_run):
     held = holders(slurm_run / "run")
     assert sorted(held) == [0, 1, 2] and all(generation == 0 for generation, _ in held.values()), held
     for i, s in enumerate(SHARDS):
-        assert {r["prefill_worker"] for r in pq.read_table(slurm_run / "output" / s).to_pylist()} == {held[i][1]}
+        assert {r["prefill_worker"].split("@")[0] for r in pq.read_table(slurm_run / "output" / s).to_pylist()} \
+            == {held[i][1]}
 
 
-def test_notebook_api_and_requeue_mid_shard(slurm_cluster, colocated_run, tmp_path):
-    """Submit from Python, requeue the prefill task once it has checkpointed some rows of its
-    shard, and check it resumes there and the output equals an undisturbed run."""
+def test_notebook_api_and_a_prefill_node_lost_mid_shard(slurm_cluster, colocated_run, tmp_path):
+    """Submit from Python; once the prefill task has checkpointed some rows of its shard, its
+    node is lost (``netfault.sh NODE lost``). Slurm marks the node down and requeues the task onto
+    the other prefill node, where it resumes its own claim (claims name the task, not the host)
+    from the checkpoint; the output equals an undisturbed run (issue #27)."""
     from pipeline import submit
 
     shard = SHARDS[0]
@@ -143,24 +146,29 @@ def test_notebook_api_and_requeue_mid_shard(slurm_cluster, colocated_run, tmp_pa
                     "pools.decode=1", "transport=nixl_pull", "job.batch_rows=2", "job.checkpoint_rows=2",
                     f"job.input={SAMPLE / shard}", f"run.dir={tmp_path / 'run'}",
                     f"job.output={tmp_path / 'output'}")
-    owner = json.loads((handle.run_dir / "jobs.json").read_text())["array_tasks"][0]
     parts = handle.run_dir / "checkpoints" / shard
     deadline = time.monotonic() + 600
     while not list(parts.glob("part-*.parquet")):
         assert time.monotonic() < deadline, f"no checkpoint within 600 s: {handle.status()}"
-        assert not (handle.run_dir / "done" / f"{shard}.json").exists(), "shard finished before requeue"
+        assert not (handle.run_dir / "done" / f"{shard}.json").exists(), "shard finished before the loss"
         time.sleep(0.5)
-    saved = sum(pq.read_metadata(p).num_rows for p in parts.glob("part-*.parquet"))
-    subprocess.run(["scontrol", "requeue", owner], check=True)
-    status = handle.status()
-    assert status["shards"] == 1
-    summary = handle.wait()
+    first = pq.read_table(next(parts.glob("part-*.parquet")), columns=["prefill_worker"]).column(0)[0].as_py()
+    lost = first.split("@")[1]
+    try:
+        subprocess.run([*NETFAULT, lost, "lost"], check=True, timeout=60)
+        saved = sum(pq.read_metadata(p).num_rows for p in parts.glob("part-*.parquet"))
+        assert handle.status()["shards"] == 1
+        summary = handle.wait()
+    finally:
+        subprocess.run([*NETFAULT, lost, "back"], timeout=60)
     assert summary.shards_done == 1 and summary.errors == 0
     done = json.loads((handle.run_dir / "done" / f"{shard}.json").read_text())
     assert done["resumed_rows"] >= saved > 0
+    assert holders(handle.run_dir) == {0: (0, "prefill-0")}  # resumed, not taken over
     table = handle.result().to_table()
+    (other,) = set(PREFILL_NODES) - {lost}
+    assert {w.split("@")[1] for w in table.column("prefill_worker").to_pylist()} == {lost, other}
     want = colocated_run.table(shard)
     assert table.column("id").to_pylist() == want.column("id").to_pylist()
     assert table.column("generation_token_ids").to_pylist() == want.column("generation_token_ids").to_pylist()
     assert_across_hosts(handle.run_dir, tmp_path / "output", sent)
-
