@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import os
 import sys
 import time
 from dataclasses import asdict, dataclass, field
@@ -161,9 +163,9 @@ def start_job(cfg: Config) -> RunHandle:
 
 def join_job(run_dir: str | Path, workers: int, progress: bool = False) -> RunHandle:
     """Add ``workers`` prefill (or colocated) workers to the running run at ``run_dir``: array
-    tasks with indices after every earlier task's (``RUN_DIR/joined/task-N.json``, each created
-    exclusively, so two joins never share one; it then names the job), started with the run's own config, locally or on
-    Slurm as the run was; each claims units as any worker does (:mod:`pipeline.runtime.claims`).
+    tasks numbered after every earlier task (:func:`_new_task_indices`), started with the run's
+    own config, locally or on Slurm as the run was; each claims units as any worker does
+    (:mod:`pipeline.runtime.claims`). ``RUN_DIR/joined/task-N.json`` names each one's job.
     The run's own launch waits for them before it stops the decode workers; the returned
     handle's ``wait()`` follows only the joined tasks and writes no ``summary.json``.
 
@@ -203,10 +205,8 @@ def join_job(run_dir: str | Path, workers: int, progress: bool = False) -> RunHa
 
 def _new_task_indices(run: RunDir, n: int) -> list[int]:
     """``n`` array task indices no launch of ``run`` has used: after the launch's own tasks,
-    each taken by creating ``RUN_DIR/joined/task-N.json`` exclusively."""
-    import json
-    import os
-
+    each taken by creating ``RUN_DIR/joined/task-N.json`` exclusively (so two joins at once never
+    share one)."""
     folder = run.path / "joined"
     folder.mkdir(exist_ok=True)
     i = len(json.loads((run.path / "jobs.json").read_text())["array_tasks"])
