@@ -32,8 +32,8 @@ class Summary:
     output_tokens: int
     wall_s: float
     failed: dict[str, str] = field(default_factory=dict)  # shard name -> why it failed as a whole
-    # decode rank -> its worker, for each rank that never stopped (lost with its node, killed):
-    # its rows in flight were served again by the other ranks
+    # decode rank -> its worker, for each rank lost during the run (its node lost, killed; it
+    # may have been requeued later): its rows in flight were served again by the other ranks
     lost_decode: dict[int, str] = field(default_factory=dict)
     report: dict | None = None  # pipeline.report's summary (report.json), when it was written
 
@@ -263,8 +263,7 @@ def summarize(run: RunDir, output: str, n_shards: int, wall_s: float, final: boo
         prompt_tokens=sum(d["prompt_tokens"] for d in done.values()),
         output_tokens=sum(d["output_tokens"] for d in done.values()),
         wall_s=wall_s, failed={name: f["error"] for name, f in run.failed().items()},
-        lost_decode={rank: ep["worker"] for rank, ep in sorted(run.decode_endpoints().items())
-                     if final and not ep.get("stopped")},
+        lost_decode=run.lost_decode() if final else {},
     )
     if final:
         write_json(run.path / "summary.json", {**asdict(summary), "output_tokens_per_s": summary.output_tokens_per_s})

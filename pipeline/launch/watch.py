@@ -54,12 +54,14 @@ class _QueueCheck:
     - a job that wrote a result but is back in the queue (requeued after preemption, a time
       limit or ``scontrol requeue``) has not ended: its next attempt will write the result again.
 
-    ``squeue`` is asked at most every ``every_s`` seconds.
+    ``squeue`` is asked at most every ``every_s`` seconds; ``pending`` holds the listed jobs
+    waiting for nodes (a requeued one included).
     """
 
     def __init__(self, every_s: float = 10.0):
         self.every_s, self.last = every_s, -1e9
         self.listed: set[str] = set()
+        self.pending: set[str] = set()
         self.absent: set[str] = set()
         self.gone: set[str] = set()
 
@@ -69,14 +71,16 @@ class _QueueCheck:
             return
         self.last = time.monotonic()
         try:
-            out = subprocess.run(["squeue", "-h", "-r", "-o", "%i", "-j", ",".join(j.job_id for j in slurm)],
+            out = subprocess.run(["squeue", "-h", "-r", "-o", "%i %T", "-j", ",".join(j.job_id for j in slurm)],
                                  capture_output=True, text=True, timeout=30)
         except (OSError, subprocess.TimeoutExpired):
             return
         # squeue fails with "Invalid job id" once every listed job has been purged.
         if out.returncode != 0 and "Invalid job id" not in out.stderr:
             return
-        self.listed = set(out.stdout.split())
+        rows = [line.split() for line in out.stdout.splitlines() if line.strip()]
+        self.listed = {r[0] for r in rows}
+        self.pending = {r[0] for r in rows if len(r) > 1 and r[1] == "PENDING"}
         absent = {j.job_id for j in slurm if j.job_id not in self.listed}
         self.gone |= absent & self.absent
         self.absent = absent
@@ -129,6 +133,7 @@ class _DecodeBeats:
     def __init__(self, run: RunDir, dead_after_s: float):
         self.run, self.dead_after_s = run, dead_after_s
         self.seen: dict[int, tuple[object, float]] = {}  # rank -> (heartbeat read, when it changed)
+        self.lost: dict[int, str] = {}  # rank -> its worker, each rank once seen lost (even if requeued later)
 
     def serving(self) -> list[int]:
         now, out = time.monotonic(), []
@@ -136,8 +141,13 @@ class _DecodeBeats:
             beat = ep.get("heartbeat")
             if rank not in self.seen or self.seen[rank][0] != beat:
                 self.seen[rank] = (beat, now)
-            if not ep.get("stopped") and now - self.seen[rank][1] < self.dead_after_s:
+            if ep.get("stopped"):
+                continue
+            if now - self.seen[rank][1] < self.dead_after_s:
                 out.append(rank)
+            elif rank not in self.lost:
+                self.lost[rank] = ep["worker"]
+                self.run.record_lost_decode(self.lost)
         return out
 
 
@@ -298,6 +308,10 @@ def watch(run: RunDir, jobs: Jobs, total_rows: int, progress: bool = True,
             break
         if not beats.serving():
             deadline = min(deadline, time.monotonic() + LOST_RANK_GRACE_S)
+        for j in jobs.decode:
+            if j.job_id in queue.pending:  # requeued (its node lost): it would only start to stop
+                queue.pending.discard(j.job_id)
+                _cancel(j)
         time.sleep(poll_s)
     for j in jobs.decode:
         if not j.done():

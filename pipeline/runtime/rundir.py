@@ -6,6 +6,7 @@ Layout::
     RUN_DIR/secret                 the control channel's shared secret (mode 0600)
     RUN_DIR/shards.json            the input shards and the output directory
     RUN_DIR/decode/rank-N.json     a decode worker's control endpoint, written when it is ready
+    RUN_DIR/decode/lost.json       decode ranks the launcher saw lost mid-run (rank -> worker)
     RUN_DIR/done/SHARD.json        per-shard totals, written after the output shard is in place
     RUN_DIR/failed/SHARD.json      why a shard failed as a whole (unreadable or unwritable)
     RUN_DIR/progress/WORKER.json   rows and output tokens done so far, rewritten as rows finish
@@ -114,6 +115,23 @@ class RunDir:
                    {"endpoint": endpoint, "worker": worker, "heartbeat": time.time(),
                     "kv_capacity_tokens": kv_capacity_tokens, "dram_capacity_tokens": dram_capacity_tokens,
                     "stopped": stopped})
+
+    def record_lost_decode(self, lost: dict[int, str]) -> None:
+        """``RUN_DIR/decode/lost.json``: decode rank -> worker, each rank the launcher saw lost
+        (its heartbeat stood still for ``transport.decode_dead_after_s`` before it stopped)."""
+        write_json(self.path / "decode" / "lost.json", {str(r): w for r, w in lost.items()})
+
+    def lost_decode(self) -> dict[int, str]:
+        """What :meth:`record_lost_decode` wrote, plus each rank whose endpoint never said it
+        stopped (read once the run has ended)."""
+        try:
+            out = {int(r): w for r, w in json.loads((self.path / "decode" / "lost.json").read_text()).items()}
+        except (OSError, ValueError):
+            out = {}
+        for rank, ep in self.decode_endpoints().items():
+            if not ep.get("stopped"):
+                out.setdefault(rank, ep["worker"])
+        return dict(sorted(out.items()))
 
     def decode_endpoints(self) -> dict[int, dict[str, str]]:
         out = {}

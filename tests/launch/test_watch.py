@@ -1,0 +1,36 @@
+"""The launcher's view of decode ranks (pipeline.launch.watch), without engines: which ranks
+still serve, and which were lost, from the endpoint files the ranks write."""
+
+from __future__ import annotations
+
+import time
+
+from pipeline.launch.watch import _DecodeBeats
+from pipeline.runtime.rundir import RunDir
+
+
+def test_a_rank_whose_heartbeat_stands_still_is_lost_and_stays_named_after_a_requeue(tmp_path):
+    run = RunDir(tmp_path)
+    (tmp_path / "decode").mkdir()
+    run.publish_decode(0, "tcp://198.18.0.3:1", "decode-0@pd-node3")
+    run.publish_decode(1, "tcp://198.18.0.4:1", "decode-1@pd-node4")
+    beats = _DecodeBeats(run, dead_after_s=0.3)
+    assert beats.serving() == [0, 1]
+    time.sleep(0.4)
+    run.publish_decode(0, "tcp://198.18.0.3:1", "decode-0@pd-node3")  # rank 0 beats, rank 1 does not
+    assert beats.serving() == [0]
+    assert beats.lost == {1: "decode-1@pd-node4"}
+    # Rank 1 requeued onto pd-node3 and stopped cleanly; rank 0 stopped: nobody serves, and
+    # rank 1 is still named as lost during the run.
+    run.publish_decode(1, "tcp://198.18.0.3:2", "decode-1@pd-node3", stopped=True)
+    run.publish_decode(0, "tcp://198.18.0.3:1", "decode-0@pd-node3", stopped=True)
+    assert beats.serving() == []
+    assert run.lost_decode() == {1: "decode-1@pd-node4"}
+
+
+def test_a_rank_that_never_stopped_counts_as_lost_at_the_end(tmp_path):
+    run = RunDir(tmp_path)
+    (tmp_path / "decode").mkdir()
+    run.publish_decode(0, "tcp://127.0.0.1:1", "decode-0@x", stopped=True)
+    run.publish_decode(1, "tcp://127.0.0.1:2", "decode-1@x")  # killed: no last beat
+    assert run.lost_decode() == {1: "decode-1@x"}
