@@ -305,7 +305,11 @@ class TransportConfig:
     the prefill worker's core while it holds KV. ``sync_kv_load`` (pull only): the decode engine
     READs a hand-off's KV in the step that schedules the request and computes its first token in
     that same step (:mod:`pipeline.engine.sync_load`); false is vLLM's asynchronous load, which
-    takes two more decode steps per hand-off."""
+    takes two more decode steps per hand-off. ``ack_timeout_s``: a decode worker that does not
+    acknowledge a hand-off within that many seconds is unreachable from this prefill worker (a
+    link cut or dropping packets; its heartbeat, which goes through the run directory, goes on):
+    the row goes to another decode worker, and the unreachable one gets rows again once it
+    answers a probe (:class:`pipeline.roles.router.DecodeRouter`)."""
 
     name: str = MISSING
     connector: str = "NixlConnector"  # NixlConnector (decode READs) or NixlPushConnector (prefill WRITEs)
@@ -319,12 +323,14 @@ class TransportConfig:
     sync_kv_load: bool = True  # pull: READ a hand-off's KV in the step that schedules it
     connect_timeout_s: float = 600.0  # seconds a prefill worker waits for decode workers to come up
     handoff_timeout_s: float = 300.0  # seconds a hand-off may wait for its result
+    ack_timeout_s: float = 30.0  # seconds a hand-off waits for its decode worker to acknowledge it; then another takes the row
     handoff_retries: int = 2  # times a row is prefilled and handed off again after a lost decode
     kv_timeout_s: float = 120.0  # a decode worker gives up on KV that has not arrived after this long
     decode_dead_after_s: float = 30.0  # a decode worker silent this long (no heartbeat) is dead
 
     def __post_init__(self) -> None:
         _check(self.connector in CONNECTORS, "transport.connector", f"must be one of {sorted(CONNECTORS)}, got {self.connector!r}")
+        _check(self.ack_timeout_s > 0, "transport.ack_timeout_s", f"must be > 0, got {self.ack_timeout_s}")
         _check(self.kv_timeout_s > 0, "transport.kv_timeout_s", f"must be > 0, got {self.kv_timeout_s}")
         _check(self.handoff_retries >= 0, "transport.handoff_retries", f"must be >= 0, got {self.handoff_retries}")
         _check(self.nixl_progress_delay_us >= 0, "transport.nixl_progress_delay_us", f"must be >= 0, got {self.nixl_progress_delay_us}")

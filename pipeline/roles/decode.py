@@ -28,7 +28,8 @@ from pipeline.runtime.ids import worker_id
 from pipeline.runtime.net import start_on_side_channel, worker_host
 from pipeline.runtime.rundir import RunDir
 from pipeline.wire.auth import Unauthenticated, sign, verify
-from pipeline.wire.messages import Handoff, Release, Renew, Reserve, Reserved, Result, Sample, decode, encode
+from pipeline.wire.messages import (Cancel, Handoff, Probe, Received, Release, Renew, Reserve, Reserved, Result,
+                                    Sample, decode, encode)
 
 if TYPE_CHECKING:
     from pipeline.engine.dram_pool import DramPool
@@ -68,9 +69,11 @@ class DecodeServer:
     """One decode rank's control socket and its requests in flight.
 
     Binds a ZeroMQ ROUTER on ``host`` and publishes its endpoint (and KV/DRAM-tier capacity) in
-    the run directory, refreshed every 2 s as the heartbeat. Each :class:`Handoff` becomes a task
-    streaming the request from ``engine``; with ``offload=dram`` it also owns the DRAM tier and
-    answers :class:`Reserve` / :class:`Release` / :class:`Renew`.
+    the run directory, refreshed every 2 s as the heartbeat. Each :class:`Handoff` is acknowledged
+    at once (:class:`Received`, as are :class:`Reserve` and :class:`Probe`) and becomes a task
+    streaming the request from ``engine``, which a :class:`Cancel` of its request id ends; with
+    ``offload=dram`` it also owns the DRAM tier and answers :class:`Reserve` / :class:`Release` /
+    :class:`Renew`.
     """
 
     def __init__(self, run: RunDir, cfg: Config, rank: int, worker: str, engine, host: str):
@@ -101,6 +104,7 @@ class DecodeServer:
         self.beating = asyncio.create_task(self._heartbeat())
         self.secret = run.secret()
         self.live: set[asyncio.Task] = set()
+        self.serving: dict[str, asyncio.Task] = {}  # request id -> the task serving its hand-off
         # prefill worker -> (its newest attempt, that attempt's tasks)
         self.attempts: dict[str, tuple[float, set[asyncio.Task]]] = {}
         # DRAM tier: request id -> (its slots, when reserved or last renewed); a reservation that
@@ -155,8 +159,21 @@ class DecodeServer:
         except msgspec.DecodeError as exc:
             log.warning("dropping a malformed message: %s", exc)
             return
-        if isinstance(msg, Reserve) and self.pool is not None:
-            self._spawn(self._reserve(peer, msg))
+        if isinstance(msg, (Handoff, Reserve, Probe)):
+            await self._answer(peer, Received(request_id=getattr(msg, "request_id", None)))
+        if isinstance(msg, Cancel):
+            # Its prefill worker got no acknowledgment in time (a cut link delivers the hand-off
+            # late, then this) and serves the row elsewhere.
+            task = self.serving.get(msg.request_id)
+            if task is not None or msg.request_id in self.reserved:
+                log.warning("request %s: its prefill worker withdrew it (no acknowledgment reached it in "
+                            "time) and serves its row elsewhere; dropping it here", msg.request_id)
+            if task is not None:
+                task.cancel()
+            if self.pool is not None:
+                await self._release(msg.request_id)
+        elif isinstance(msg, Reserve) and self.pool is not None:
+            self._track(msg.request_id, self._spawn(self._reserve(peer, msg)))
         elif isinstance(msg, Release) and self.pool is not None:
             await self._release(msg.request_id)
         elif isinstance(msg, Renew):
@@ -177,6 +194,12 @@ class DecodeServer:
             tasks.add(task)
             self.attempts[msg.prefill_worker] = (newest, tasks)
             task.add_done_callback(tasks.discard)
+            self._track(msg.request_id, task)
+
+    def _track(self, request_id: str, task: asyncio.Task) -> None:
+        """``task`` serves ``request_id`` (its reservation, then its hand-off) until it ends."""
+        self.serving[request_id] = task
+        task.add_done_callback(lambda t: self.serving.pop(request_id) if self.serving.get(request_id) is t else None)
 
     async def _answer(self, peer: bytes, msg: Result | Reserved) -> None:
         await self.sock.send_multipart([peer, sign(self.secret, encode(msg))])

@@ -13,6 +13,12 @@ class DecodeLost(RuntimeError):
     """The decode worker holding a hand-off died or was restarted; the row must be served again."""
 
 
+class DecodeUnreachable(DecodeLost):
+    """A decode worker did not acknowledge a hand-off within ``transport.ack_timeout_s``: the link
+    to it is down (cut, or its packets dropped) though its heartbeat goes on. The row is served
+    again on another decode worker."""
+
+
 class KVTooLarge(ValueError):
     """A request's KV (prompt + new tokens) exceeds the KV cache of every decode worker: no
     worker could ever hold it, so it must not be handed off (it would wait forever)."""

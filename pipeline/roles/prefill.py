@@ -46,7 +46,7 @@ async def _prefill(run: RunDir, task: int, limit: int | None, cpus: str | None) 
     try:
         await wait_for_decode(run, cfg.pools.decode, cfg.transport.connect_timeout_s)
         router = DecodeRouter(run, cfg.transport.handoff_timeout_s, cfg.transport.decode_dead_after_s,
-                              run.secret())
+                              run.secret(), cfg.transport.ack_timeout_s)
         handoff = PrefillHandoff(cfg, engine, router, worker, attempt, model_kv_bytes_per_token(cfg),
                                  run.sample_lists())
         await own_shards(run, cfg, claims, worker, load_tokenizer(cfg), handoff.serve, limit)

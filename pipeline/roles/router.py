@@ -5,16 +5,20 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import logging
 import time
 
 import msgspec
 import zmq
 import zmq.asyncio
 
-from pipeline.roles.errors import DecodeLost, DecodeUnavailable, KVTooLarge
+from pipeline.roles.errors import DecodeLost, DecodeUnavailable, DecodeUnreachable, KVTooLarge
 from pipeline.runtime.rundir import RunDir
 from pipeline.wire.auth import Unauthenticated, sign, verify
-from pipeline.wire.messages import Handoff, Release, Renew, Reserve, Reserved, Result, decode, encode
+from pipeline.wire.messages import (Cancel, Handoff, Message, Probe, Received, Release, Renew, Reserve, Reserved,
+                                    Result, decode, encode)
+
+log = logging.getLogger(__name__)
 
 
 async def wait_for_decode(run: RunDir, count: int, timeout_s: float) -> dict[int, dict[str, str]]:
@@ -49,10 +53,19 @@ class DecodeRouter:
     clock from when a change was seen, never by comparing the timestamp the decode node wrote
     with this node's clock: the two nodes' clocks need not agree. A worker first seen counts as
     alive for ``dead_after_s`` seconds.
+
+    A heartbeat goes through the run directory, not over the link between the two nodes, so it
+    cannot tell that link is down. Reachability is the worker's own acknowledgment instead: a
+    hand-off (or reservation) it has not acknowledged within ``ack_timeout_s`` seconds is
+    withdrawn (:class:`~pipeline.wire.messages.Cancel`) and fails with :class:`DecodeUnreachable`
+    (the caller serves the row elsewhere); the worker is then unreachable from this process,
+    gets no new rows, and is probed every ``ack_timeout_s`` until it answers.
     """
 
-    def __init__(self, run: RunDir, timeout_s: float, dead_after_s: float, secret: bytes):
+    def __init__(self, run: RunDir, timeout_s: float, dead_after_s: float, secret: bytes,
+                 ack_timeout_s: float = 30.0):
         self.run, self.timeout_s, self.dead_after_s, self.secret = run, timeout_s, dead_after_s, secret
+        self.ack_timeout_s = ack_timeout_s
         self.ctx = zmq.asyncio.Context()
         self.endpoints: dict[int, str] = {}
         self.sockets: dict[int, zmq.asyncio.Socket] = {}
@@ -66,6 +79,10 @@ class DecodeRouter:
         # renewed every quarter of timeout_s (:class:`Renew`) so that the worker keeps them.
         self.reserved: dict[int, set[str]] = {}
         self.live: set[int] = set()
+        # rank -> time.monotonic() of its last probe: live ranks that did not acknowledge a
+        # message within ack_timeout_s and have not answered since
+        self.unreachable: dict[int, float] = {}
+        self.names: dict[int, str] = {}  # rank -> its worker id (decode-1@node4), for messages
         # rank -> (its heartbeat value last read, time.monotonic() when that value was first seen)
         self.beats: dict[int, tuple[object, float]] = {}
         self.changed = asyncio.Event()
@@ -82,6 +99,7 @@ class DecodeRouter:
             # No heartbeat written at all (an endpoint without one): alive, as before.
             alive = beat is None or now - self.beats[rank][1] < self.dead_after_s
             self.capacity[rank] = ep.get("kv_capacity_tokens")
+            self.names[rank] = ep.get("worker", f"decode-{rank}")
             self.dram_capacity[rank] = ep.get("dram_capacity_tokens")
             if ep["endpoint"] != self.endpoints.get(rank):
                 self._drop(rank, f"decode rank {rank} restarted")
@@ -99,6 +117,7 @@ class DecodeRouter:
 
     def _drop(self, rank: int, why: str) -> None:
         self.live.discard(rank)
+        self.unreachable.pop(rank, None)  # a new endpoint is a new connection
         self.reserved.pop(rank, None)  # its reservations went with it
         for fut in self.inflight.pop(rank, {}).values():
             if not fut.done():
@@ -112,13 +131,65 @@ class DecodeRouter:
         while True:
             await asyncio.sleep(1.0)
             self._refresh()
+            now = time.monotonic()
+            for rank, probed in list(self.unreachable.items()):
+                if now - probed >= self.ack_timeout_s and rank in self.sockets:
+                    self.unreachable[rank] = now
+                    await self._send(rank, Probe())
+
+    async def _send(self, rank: int, msg: Message) -> None:
+        await self.sockets[rank].send(sign(self.secret, encode(msg)))
+
+    def _reached(self, rank: int) -> None:
+        """A message came from ``rank``: the link to it works."""
+        if self.unreachable.pop(rank, None) is not None:
+            log.warning("decode rank %d (%s) answers again; handing rows to it again", rank, self.names.get(rank))
+            self.changed.set()
+
+    async def _acknowledged(self, rank: int, ack: asyncio.Future, request_id: str, what: str) -> None:
+        """Wait up to ``ack_timeout_s`` for ``rank`` to acknowledge the message of ``request_id``
+        (``ack``: its future, registered before the send); else withdraw it.
+
+        Raises:
+            DecodeUnreachable: no acknowledgment in time; ``rank`` is now unreachable.
+            DecodeLost: the worker died or restarted meanwhile.
+        """
+        try:
+            await asyncio.wait_for(ack, self.ack_timeout_s)
+        except asyncio.TimeoutError:
+            if rank in self.live and rank not in self.unreachable:
+                self.unreachable[rank] = time.monotonic()
+                log.warning("decode rank %d (%s) did not acknowledge a %s within %g s: unreachable from this "
+                            "node; probing it every %g s", rank, self.names.get(rank), what,
+                            self.ack_timeout_s, self.ack_timeout_s)
+            if rank in self.sockets:
+                await self._send(rank, Cancel(request_id=request_id))  # queued behind it
+            raise DecodeUnreachable(
+                f"decode rank {rank} ({self.names.get(rank)}) did not acknowledge the {what} within "
+                f"{self.ack_timeout_s:g} s: the link to it is down (its heartbeat goes on); other decode "
+                f"ranks take this worker's rows until it answers again") from None
+
+    def _forget(self, rank: int, answer: asyncio.Future, *keys: str | tuple[str, str]) -> None:
+        """Stop waiting for the answers under ``keys``. ``answer`` (the result or reservation the
+        caller may not have awaited, having failed earlier) is cancelled, or its error marked seen."""
+        for k in keys:
+            self.inflight.get(rank, {}).pop(k, None)
+        if not answer.done():
+            answer.cancel()
+        elif not answer.cancelled():
+            answer.exception()
+
+    def _expect(self, rank: int, key: str | tuple[str, str]) -> asyncio.Future:
+        fut = asyncio.get_running_loop().create_future()
+        self.inflight.setdefault(rank, {})[key] = fut
+        return fut
 
     async def _renew(self) -> None:
         while True:
             await asyncio.sleep(max(0.5, self.timeout_s / 4))
             for rank, ids in list(self.reserved.items()):
                 if ids and rank in self.sockets:
-                    await self.sockets[rank].send(sign(self.secret, encode(Renew(request_ids=sorted(ids)))))
+                    await self._send(rank, Renew(request_ids=sorted(ids)))
 
     async def _receive(self, rank: int, sock: zmq.asyncio.Socket) -> None:
         while True:
@@ -126,8 +197,11 @@ class DecodeRouter:
                 msg = decode(verify(self.secret, await sock.recv()))
             except (Unauthenticated, msgspec.DecodeError):
                 continue
+            self._reached(rank)
             fut = None
-            if isinstance(msg, Result):
+            if isinstance(msg, Received):
+                fut = self.inflight.get(rank, {}).get(("received", msg.request_id)) if msg.request_id else None
+            elif isinstance(msg, Result):
                 fut = self.inflight.get(rank, {}).get(msg.row_key)
             elif isinstance(msg, Reserved):
                 fut = self.inflight.get(rank, {}).get(("reserve", msg.request_id))
@@ -156,16 +230,21 @@ class DecodeRouter:
         ``tried`` (the ranks this row already failed on) while such a one fits."""
         deadline = time.monotonic() + wait_s
         while True:
-            # Live workers big enough for this request (a worker of unknown size counts as one).
-            fits = {r for r in self.live if (self.capacity.get(r) or kv_tokens) >= kv_tokens}
+            # Live, reachable workers big enough for this request (a worker of unknown size
+            # counts as one).
+            reachable = self.live - self.unreachable.keys()
+            fits = {r for r in reachable if (self.capacity.get(r) or kv_tokens) >= kv_tokens}
             if fits:
                 break
-            if self.live:  # live workers, none big enough; raises unless a capacity is unknown
+            if reachable:  # live workers, none big enough; raises unless a capacity is unknown
                 self.check_fits(kv_tokens)
             self.changed.clear()
             left = deadline - time.monotonic()
             if left <= 0:
-                raise DecodeUnavailable(f"no decode worker alive for {wait_s:.0f} s")
+                cut = sorted(self.live & self.unreachable.keys())
+                raise DecodeUnavailable(f"no decode worker alive and reachable for {wait_s:.0f} s" + (
+                    f" (alive but unreachable from this node: {', '.join(self.names[r] for r in cut)})"
+                    if cut else ""))
             try:
                 await asyncio.wait_for(self.changed.wait(), left)
             except asyncio.TimeoutError:
@@ -181,7 +260,7 @@ class DecodeRouter:
         if all(self.capacity.get(r) for r in fits):
             # Least loaded by KV: (tokens in flight + this request's) / capacity; ties by rank.
             return min(fits, key=lambda r: ((self.inflight_tokens.get(r, 0) + kv_tokens) / self.capacity[r], r))
-        return min(fits, key=lambda r: (len(self.inflight.get(r, {})), r))
+        return min(fits, key=lambda r: (sum(isinstance(k, str) for k in self.inflight.get(r, {})), r))
 
     async def reserve(self, r: Reserve, kv_tokens: int, wait_s: float, route: str | None = None,
                       tried: set[int] | None = None) -> tuple[int, dict]:
@@ -193,6 +272,7 @@ class DecodeRouter:
         Raises:
             KVTooLarge: no decode worker could ever hold the request.
             DecodeLost: that worker died or restarted before answering.
+            DecodeUnreachable: that worker did not acknowledge the request within ``ack_timeout_s``.
             DecodeUnavailable: no decode worker was alive for ``wait_s`` seconds.
             RuntimeError: the worker could not reserve the slots (its reason).
             TimeoutError: no answer within ``transport.handoff_timeout_s`` seconds.
@@ -201,15 +281,16 @@ class DecodeRouter:
         if tried is not None:
             tried.add(rank)
         key = ("reserve", r.request_id)
-        fut = asyncio.get_running_loop().create_future()
-        self.inflight.setdefault(rank, {})[key] = fut
+        fut = self._expect(rank, key)
+        ack = self._expect(rank, ("received", r.request_id))
         try:
-            await self.sockets[rank].send(sign(self.secret, encode(r)))
+            await self._send(rank, r)
+            await self._acknowledged(rank, ack, r.request_id, "DRAM-tier reservation")
             ans: Reserved = await asyncio.wait_for(fut, self.timeout_s)
         except asyncio.TimeoutError:
             raise TimeoutError(f"decode rank {rank} reserved no DRAM-tier slots within {self.timeout_s:.0f} s") from None
         finally:
-            self.inflight.get(rank, {}).pop(key, None)
+            self._forget(rank, fut, key, ("received", r.request_id))
         if ans.error is not None or ans.pool is None:
             raise RuntimeError(f"decode rank {rank} could not reserve DRAM-tier slots: {ans.error}")
         self.reserved.setdefault(rank, set()).add(r.request_id)
@@ -220,7 +301,7 @@ class DecodeRouter:
         once it is no longer renewed)."""
         self.reserved.get(rank, set()).discard(request_id)
         if rank in self.sockets:
-            await self.sockets[rank].send(sign(self.secret, encode(Release(request_id=request_id))))
+            await self._send(rank, Release(request_id=request_id))
 
     async def handoff(self, h: Handoff, wait_s: float, route: str | None = None, rank: int | None = None,
                       kv_tokens: int | None = None, tried: set[int] | None = None) -> Result:
@@ -236,8 +317,10 @@ class DecodeRouter:
         Raises:
             KVTooLarge: no live decode worker's KV cache holds ``kv_tokens`` tokens.
             DecodeLost: that worker died or restarted before answering.
+            DecodeUnreachable: that worker did not acknowledge the hand-off within ``ack_timeout_s``.
             DecodeUnavailable: no decode worker was alive for ``wait_s`` seconds.
-            TimeoutError: no result within ``transport.handoff_timeout_s`` seconds.
+            TimeoutError: no result within ``transport.handoff_timeout_s`` seconds (counted from
+            the acknowledgment).
         """
         need = kv_tokens if kv_tokens is not None else len(h.prompt_token_ids) + h.sampling["max_new_tokens"]
         if rank is not None:  # the hand-off claims the reservation: no more renewing
@@ -246,16 +329,17 @@ class DecodeRouter:
             rank = await self._pick(wait_s, route, need, tried)
         if tried is not None:
             tried.add(rank)
-        fut = asyncio.get_running_loop().create_future()
-        self.inflight.setdefault(rank, {})[h.row_key] = fut
+        fut = self._expect(rank, h.row_key)
+        ack = self._expect(rank, ("received", h.request_id))
         self.inflight_tokens[rank] = self.inflight_tokens.get(rank, 0) + need
         try:
-            await self.sockets[rank].send(sign(self.secret, encode(h)))
+            await self._send(rank, h)
+            await self._acknowledged(rank, ack, h.request_id, "hand-off")
             return await asyncio.wait_for(fut, self.timeout_s)
         except asyncio.TimeoutError:
             raise TimeoutError(f"decode rank {rank} gave no result within {self.timeout_s:.0f} s") from None
         finally:
-            self.inflight.get(rank, {}).pop(h.row_key, None)
+            self._forget(rank, fut, h.row_key, ("received", h.request_id))
             self.inflight_tokens[rank] = self.inflight_tokens.get(rank, 0) - need
 
     def close(self) -> None:

@@ -2,7 +2,10 @@
 
 A decode worker binds a ROUTER socket and publishes its endpoint in the run directory; each
 prefill worker connects a DEALER socket to every decode worker. Prefill sends :class:`Handoff`
-messages; the decode worker answers each with one :class:`Result` on the same connection.
+messages; the decode worker acknowledges each as it arrives (:class:`Received`) and answers it
+with one :class:`Result` on the same connection. A hand-off not acknowledged within
+``transport.ack_timeout_s`` is withdrawn (:class:`Cancel`, queued behind it on the same
+connection, so a link that comes back delivers both and the decode worker drops it).
 Messages are typed msgspec structs: nothing received from the network is unpickled. Every
 message is signed with the run's secret (:mod:`pipeline.wire.auth`); unsigned ones are dropped.
 """
@@ -118,7 +121,31 @@ class Renew(msgspec.Struct, tag="renew"):
     request_ids: list[str]
 
 
-Message = Handoff | Result | Reserve | Reserved | Release | Renew
+class Received(msgspec.Struct, tag="received"):
+    """A decode worker's acknowledgment, sent as soon as a message arrives and before any work:
+    of the :class:`Handoff` or :class:`Reserve` of ``request_id``, or (``request_id`` None) of a
+    :class:`Probe`. Its absence within ``transport.ack_timeout_s`` tells the prefill worker that
+    the link to that decode worker is down even while its heartbeat (written to the run
+    directory, not sent over the link) goes on."""
+
+    request_id: Optional[str] = None
+
+
+class Cancel(msgspec.Struct, tag="cancel"):
+    """The prefill worker gave up on ``request_id`` (it was not acknowledged in time) and serves
+    its row elsewhere: a decode worker that receives it late drops the request (and its DRAM-tier
+    reservation), so the row is never decoded twice."""
+
+    request_id: str
+
+
+class Probe(msgspec.Struct, tag="probe"):
+    """Sent to a decode worker the prefill worker found unreachable, every
+    ``transport.ack_timeout_s``; the first :class:`Received` that comes back makes it reachable
+    again."""
+
+
+Message = Handoff | Result | Reserve | Reserved | Release | Renew | Received | Cancel | Probe
 _encoder = msgspec.msgpack.Encoder()
 _decoder = msgspec.msgpack.Decoder(Message)
 

@@ -27,43 +27,64 @@ def _scontrol_job(job_id: str) -> str:
 NETFAULT = ["bash", str(ROOT / "slurm" / "netfault.sh")]
 LOST = "pd-node4"  # decode rank 1's node, lost mid-run in slurm_run
 PREEMPTED = "pd-node1"  # the prefill task there is preempted mid-run in slurm_run
-
-
-def _rows_served(run_dir) -> bool:
-    """Whether the run has request metrics (written with each row checkpoint): rows are being
-    served, so each decode rank has rows in flight."""
-    return any((run_dir / "metrics" / "requests").rglob("part-*.parquet"))
+CUT = ("pd-node2", "pd-node3")  # prefill node and decode rank 0's node: their link is cut for 30 s
+CUT_S = 30
 
 
 @pytest.fixture(scope="session")
 def slurm_run(slurm_cluster, tmp_path_factory):
     """2P:2D with NIXL push on four nodes, the workers' addresses left to the pipeline (each
-    node's name resolves to 127.0.1.1 there, as Debian's /etc/hosts makes it), with two faults
-    that do not interfere (issue #27): once the prefill task on pd-node1 has its engine ready
-    (its claim held, its rows about to start), a job of a higher priority tier preempts it; once the first rows are done (and rank 1 has
-    rows in flight), decode rank 1's node is lost (``netfault.sh pd-node4 lost``: link down,
-    every process SIGKILLed) and stays lost until the run has ended."""
+    node's name resolves to 127.0.1.1 there, as Debian's /etc/hosts makes it), with three faults
+    (issue #27), one on each prefill task's path:
+
+    - once the prefill task on pd-node1 has its engine ready (its claim held, its rows about to
+      start), a job of a higher priority tier preempts it;
+    - once the prefill task on pd-node2 has its engine ready and both decode ranks are up (it
+      starts handing off), every packet between pd-node2 and pd-node3 (decode rank 0) is
+      dropped for 30 s (``netfault.sh pd-node2 cut pd-node3 30``), then the link heals: its
+      first hand-offs to rank 0 go unacknowledged (both nodes stay up, rank 0's heartbeat goes
+      on);
+    - once the cut has healed and the preempted task, started again, has its engine ready and
+      its rows in flight (on both ranks), decode rank 1's node is lost (``netfault.sh pd-node4
+      lost``: link down, every process SIGKILLed) and stays lost until the run has ended.
+    """
     base = tmp_path_factory.mktemp("slurm")
     sent = node_bytes_sent()
     run_dir = base / "run"
+    # handoff_retries=3: a row of pd-node2's may fail on rank 0 (unacknowledged) and on rank 1
+    # (lost) before it is served; the default 2 would leave it one try.
     p = subprocess.Popen([sys.executable, "-m", "pipeline", *COMMON, *SLURM, "transport=nixl_push",
                           "pools.prefill=2", "pools.decode=2", "transport.decode_dead_after_s=10",
-                          "job.checkpoint_rows=2", "run.wait=true", f"run.dir={run_dir}", f"job.input={SAMPLE}",
+                          "transport.handoff_retries=3", "transport.ack_timeout_s=10", "job.checkpoint_rows=2", "run.wait=true", f"run.dir={run_dir}", f"job.input={SAMPLE}",
                           f"job.output={base / 'output'}"], cwd=ROOT, text=True,
                          stdout=(base / "stdout.txt").open("w"), stderr=(base / "stderr.txt").open("w"))
     try:
-        deadline, preemptor, lost = time.monotonic() + 900, None, False
-        while not (preemptor and lost):
+        deadline, preemptor, cut_at, lost = time.monotonic() + 900, None, None, False
+        while not (preemptor and cut_at and lost):
             assert p.poll() is None and time.monotonic() < deadline, \
                 f"the faults found no row to act on before the run ended: {(base / 'stderr.txt').read_text()[-3000:]}"
-            if not preemptor and list((run_dir / "engines").glob(f"prefill-*@{PREEMPTED}.json")):
+            preempted = list((run_dir / "engines").glob(f"prefill-*@{PREEMPTED}.json"))
+            if not preemptor and preempted:
+                task, first_ready = preempted[0].name.split("@")[0], preempted[0].stat().st_mtime
                 # A job of a higher priority tier (partition debug, over every node) takes the
                 # node from the prefill task there (partition prefill: PreemptMode=REQUEUE) for 5 s.
                 preemptor = subprocess.run(["sbatch", "--parsable", "-p", "debug", "-w", PREEMPTED, "-o", "/dev/null",
                                             "-J", "preemptor", "--wrap", "sleep 5"],
                                            capture_output=True, text=True, check=True).stdout.strip()
                 base.joinpath("preemptor").write_text(preemptor)
-            if not lost and _rows_served(run_dir):
+            # The cut starts as pd-node2's task starts handing off: its engine is ready and both
+            # decode ranks have published their endpoints (it waits for them).
+            if not cut_at and list((run_dir / "engines").glob(f"prefill-*@{CUT[0]}.json")) \
+                    and len(list((run_dir / "decode").glob("rank-*.json"))) == 2:
+                subprocess.run([*NETFAULT, CUT[0], "cut", CUT[1], str(CUT_S)], check=True, timeout=60)
+                cut_at = time.time()
+                base.joinpath("cut_at").write_text(f"{cut_at:.1f}")  # for reading the logs
+            # Its engine record rewritten (on whichever node): the preempted task's engine is
+            # ready again.
+            ready = max((f.stat().st_mtime for f in (run_dir / "engines").glob(f"{task}@*.json")), default=0) \
+                if preemptor else 0
+            if not lost and cut_at and time.time() > cut_at + CUT_S and ready > first_ready \
+                    and time.time() > ready + 3:
                 subprocess.run([*NETFAULT, LOST, "lost"], check=True, timeout=60)
                 lost = True
             time.sleep(0.5)
@@ -74,6 +95,7 @@ def slurm_run(slurm_cluster, tmp_path_factory):
         if p.poll() is None:
             p.kill()
         subprocess.run([*NETFAULT, LOST, "back"], timeout=60)
+        subprocess.run([*NETFAULT, CUT[0], "heal"], timeout=60)
     assert p.returncode == 0, f"{(base / 'stdout.txt').read_text()}\n{(base / 'stderr.txt').read_text()[-4000:]}"
     base.joinpath("sent.json").write_text(json.dumps(sent))
     return base
@@ -93,6 +115,21 @@ def test_a_lost_decode_node_leaves_the_run_to_the_other_rank(slurm_run):
     # Its rows in flight were served again, by rank 0.
     logs = "".join(f.read_text(errors="replace") for f in (slurm_run / "run" / "logs").rglob("*_log.err"))
     assert "decode rank 1 stopped answering (its heartbeat did not change for 10 s); serving it again" in logs
+
+
+def test_a_cut_link_sends_rows_elsewhere_and_heals(slurm_run):
+    """The decode rank behind the cut link did not acknowledge pd-node2's first hand-off: within
+    transport.ack_timeout_s (10 s here) that row went to the other rank, with a line naming the
+    rank and why (not a wait for the result timeout, 300 s, or inside UCX). After the link
+    healed, rank 0 answered (a probe, or the hand-off the link had held) and dropped that
+    hand-off, which was withdrawn behind it on the same connection: each row out once
+    (test_slurm_run_every_row_once compares them with an undisturbed run)."""
+    logs = "".join(f.read_text(errors="replace") for f in (slurm_run / "run" / "logs").rglob("*_log.err"))
+    # Only pd-node2's prefill task can say this of rank 0, and only rank 0 the withdrawal.
+    assert (f"decode rank 0 (decode-0@{CUT[1]}) did not acknowledge the hand-off within 10 s: the link to it "
+            "is down (its heartbeat goes on)") in logs, logs[-3000:]
+    assert f"decode rank 0 (decode-0@{CUT[1]}) answers again" in logs, logs[-3000:]
+    assert "its prefill worker withdrew it" in logs, logs[-3000:]
 
 
 def test_a_preempted_prefill_task_is_requeued_and_resumes(slurm_run):

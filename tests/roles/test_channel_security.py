@@ -18,7 +18,7 @@ from pipeline.config import compose
 from pipeline.io.shards import list_shards
 from pipeline.runtime.rundir import RunDir
 from pipeline.wire.auth import sign
-from pipeline.wire.messages import Handoff, Result, decode, encode
+from pipeline.wire.messages import Handoff, Received, Result, decode, encode
 
 pytestmark = pytest.mark.e2e
 
@@ -31,14 +31,19 @@ def _handoff(key: str) -> bytes:
                           prefill_done_at=time.time()))
 
 
-def _ask(endpoint: str, message: bytes, wait_s: float) -> bytes | None:
+def _ask(endpoint: str, message: bytes, wait_s: float) -> list[bytes] | None:
+    """The answers to ``message``: its acknowledgment and its result (None: no answer within
+    ``wait_s`` seconds)."""
     ctx = zmq.Context()
     s = ctx.socket(zmq.DEALER)
     s.setsockopt(zmq.LINGER, 0)
     s.connect(endpoint)
     try:
         s.send(message)
-        return s.recv() if s.poll(int(wait_s * 1000)) else None
+        if not s.poll(int(wait_s * 1000)):
+            return None
+        ack = s.recv()
+        return [ack, s.recv()] if s.poll(int(wait_s * 1000)) else [ack]
     finally:
         s.close()
         ctx.term()
@@ -69,7 +74,8 @@ def test_only_holders_of_the_run_secret_are_served(tmp_path):
         # The answer is itself signed: without the secret a client cannot even verify it.
         from pipeline.wire.auth import verify
 
-        result = decode(verify(run.secret(), answer))
+        ack, result = (decode(verify(run.secret(), a)) for a in answer)
+        assert ack == Received(request_id="row0:2")
         assert isinstance(result, Result) and result.row_key == "0:2" and result.error is None
         assert len(result.token_ids) == 4
     finally:

@@ -14,8 +14,10 @@ import pytest
 
 from pipeline.io.atomic import write_json
 from pipeline.runtime.rundir import RunDir
-from pipeline.roles.errors import DecodeLost, KVTooLarge
+from pipeline.roles.errors import DecodeLost, DecodeUnreachable, KVTooLarge
 from pipeline.roles.router import DecodeRouter
+from pipeline.wire.auth import sign, verify
+from pipeline.wire.messages import Cancel, Handoff, Probe, Received, Result, decode, encode
 
 
 def _clients(tmp_path, capacities: dict[int, int | None]) -> DecodeRouter:
@@ -134,6 +136,74 @@ def test_liveness_follows_heartbeat_changes_not_the_decode_nodes_clock(tmp_path)
         finally:
             c.inflight = {}
             c.close()
+    asyncio.run(go())
+
+
+def test_a_rank_that_acknowledges_nothing_is_skipped_until_it_answers_a_probe(tmp_path):
+    """A cut link leaves a decode rank's heartbeat going (it travels through the run directory),
+    so only the rank's own acknowledgment can tell. Two real ZeroMQ decode sockets: rank 0
+    receives but answers nothing (as a rank behind a cut link would, once the link delivers),
+    rank 1 answers. The hand-off to rank 0 (least loaded by rank, by hand) fails after the
+    acknowledgment timeout, not the result timeout, and is withdrawn behind itself; new rows
+    go to rank 1; once rank 0 answers the probe that follows, it is picked again."""
+    import zmq
+    import zmq.asyncio
+
+    secret = b"k" * 32
+
+    async def go():
+        run = RunDir(tmp_path)
+        ctx = zmq.asyncio.Context()
+        servers = {}
+        for rank in (0, 1):
+            servers[rank] = ctx.socket(zmq.ROUTER)
+            port = servers[rank].bind_to_random_port("tcp://127.0.0.1")
+            run.publish_decode(rank, f"tcp://127.0.0.1:{port}", f"decode-{rank}@x", 8192)
+
+        async def answering():  # rank 1: acknowledges, then answers with a result
+            while True:
+                peer, data = await servers[1].recv_multipart()
+                h = decode(verify(secret, data))
+                await servers[1].send_multipart([peer, sign(secret, encode(Received(request_id=h.request_id)))])
+                await servers[1].send_multipart([peer, sign(secret, encode(Result(
+                    row_key=h.row_key, decode_worker="decode-1@x", token_ids=[1], text="a", finish_reason="stop",
+                    error=None, kv_tokens=3, arrived_at=0.0, token_times=[0.0])))])
+
+        c = DecodeRouter(run, timeout_s=30, dead_after_s=30, secret=secret, ack_timeout_s=0.5)
+        answers = asyncio.create_task(answering())
+
+        def handoff(n: int) -> Handoff:
+            return Handoff(row_key=f"r{n}", request_id=f"r{n}-0", prefill_worker="prefill-0@x", attempt=1.0,
+                           prompt_token_ids=[1, 2, 3], sampling={"max_new_tokens": 1}, kv_transfer_params={},
+                           prefill_done_at=0.0)
+        try:
+            t0 = time.monotonic()
+            with pytest.raises(DecodeUnreachable, match=r"decode rank 0 \(decode-0@x\) did not acknowledge the "
+                                                        r"hand-off within 0.5 s"):
+                await c.handoff(handoff(1), wait_s=1)
+            assert time.monotonic() - t0 < 5  # the acknowledgment's 0.5 s, not the result's 30 s
+            assert set(c.unreachable) == {0} and c.live == {0, 1}
+            # Rank 0 got the hand-off, then its withdrawal on the same connection, in that order.
+            got = [decode(verify(secret, (await servers[0].recv_multipart())[1])) for _ in range(2)]
+            assert isinstance(got[0], Handoff) and got[1] == Cancel(request_id="r1-0")
+            # A new row goes to rank 1 though rank 0 is less loaded by rank order.
+            res = await c.handoff(handoff(2), wait_s=1)
+            assert res.decode_worker == "decode-1@x" and c.inflight_tokens == {0: 0, 1: 0}
+            # Rank 0 is probed within a second or two of the timeout; answering makes it reachable.
+            peer, data = await asyncio.wait_for(servers[0].recv_multipart(), 5)
+            assert isinstance(decode(verify(secret, data)), Probe)
+            await servers[0].send_multipart([peer, sign(secret, encode(Received()))])
+            for _ in range(50):
+                if not c.unreachable:
+                    break
+                await asyncio.sleep(0.1)
+            assert c.unreachable == {} and await c._pick(1, kv_tokens=10) == 0
+        finally:
+            answers.cancel()
+            c.close()
+            for s in servers.values():
+                s.close(linger=0)
+            ctx.term()
     asyncio.run(go())
 
 
