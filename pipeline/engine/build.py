@@ -46,7 +46,8 @@ OWNED = {
     "tensor_parallel_size": "use model.prefill_tp / model.decode_tp: the launcher sizes each worker's devices from them",
     "gpu_memory_utilization": "use model.gpu_memory_utilization",
     "enforce_eager": "use model.enforce_eager",
-    "block_size": "use model.block_size: prefill and decode must cut the KV into blocks of the same size",
+    "block_size": "use model.block_size (or model.prefill_block_size / model.decode_block_size): the KV's "
+                  "re-layout between the pools is checked at start against them",
     "seed": "use model.seed",
     "disable_log_stats": "the pipeline records every engine step itself (RUN_DIR/metrics/workers)",
     "kv_transfer_config": "transport= and offload= choose the KV connector; the role of each engine in it is its pool's",
@@ -118,14 +119,14 @@ def pipeline_engine_kwargs(cfg: Config, role: Role) -> dict[str, Any]:
     out: dict[str, Any] = {
         "dtype": cfg.model.dtype,
         "max_model_len": cfg.model.max_model_len,
-        "tensor_parallel_size": cfg.model.decode_tp if role == "decode" else cfg.model.prefill_tp,
+        "tensor_parallel_size": cfg.model.tp_of(role),
         "gpu_memory_utilization": cfg.model.gpu_memory_utilization,
         "enforce_eager": cfg.model.enforce_eager,
         "seed": cfg.model.seed,
         "disable_log_stats": True,
     }
-    if cfg.model.block_size:
-        out["block_size"] = cfg.model.block_size
+    if cfg.model.block_size_of(role):
+        out["block_size"] = cfg.model.block_size_of(role)
     return {**out, **lora_engine_kwargs(cfg)}
 
 

@@ -23,6 +23,8 @@ status 2 from ``python -m pipeline``) naming the setting:
 - vLLM engine arguments (``model.engine_kwargs`` and the per-pool dicts): known fields, not
   owned by the pipeline, values vLLM accepts, prefill and decode agreeing on the KV layout
   (:mod:`.engine_args`);
+- each pool's shape: TP sizes the model's heads allow, and TP sizes and block sizes that vLLM's
+  NIXL connector can carry between the pools with this transport (:mod:`.layout`);
 - KV room: one request of ``model.max_model_len`` tokens fits in each engine's KV cache
   (``model.kv_cache_gib``, CPU workers), in ``model.decode_kv_blocks`` and in the DRAM tier
   (``offload.dram_gib``), with the size it needs (:mod:`.kv_fit`);
@@ -32,7 +34,8 @@ The :class:`Plan` it returns says what would run (``--dry-run`` prints :meth:`Pl
 Unknown keys, ``+key=value`` included, are refused earlier, by :func:`pipeline.config.compose`.
 
 Modules: ``locations`` (places and fsspec), ``inputs`` (templates and the input's schema),
-``rerun`` (a re-run into a run directory with results), ``kv_fit`` (KV room for one request).
+``rerun`` (a re-run into a run directory with results), ``layout`` (each pool's TP and block
+size), ``kv_fit`` (KV room for one request).
 """
 
 from __future__ import annotations
@@ -53,6 +56,7 @@ from pipeline.runtime.net import check_ports_free
 from pipeline.preflight.engine_args import check_engine_args, local_model
 from pipeline.preflight.inputs import asks_for_samples, check_columns, check_templates, read_footers
 from pipeline.preflight.kv_fit import check_kv_fits
+from pipeline.preflight.layout import check_pool_layouts_of
 from pipeline.preflight.locations import check_overlap, check_writable, filesystem, list_input, one_line
 from pipeline.preflight.rerun import RESULT_KEYS, check_rerun, rerun_changes
 
@@ -144,10 +148,12 @@ def preflight(cfg: Config, run_dir: Path | None = None) -> Plan:
             columns named like output columns; a re-run into ``run.dir`` that changes settings
             its results depend on; a fixed ``transport.base_port`` whose ports are taken here;
             a KV cache, ``model.decode_kv_blocks`` or DRAM tier too small for one request of
-            ``model.max_model_len`` tokens (:mod:`pipeline.preflight.kv_fit`).
+            ``model.max_model_len`` tokens (:mod:`pipeline.preflight.kv_fit`); pool TP sizes or
+            block sizes the model or vLLM's NIXL connector cannot take (:mod:`.layout`).
     """
     check_templates(cfg)
     check_engine_args(cfg)
+    check_pool_layouts_of(cfg, local_model(cfg))
     check_kv_fits(cfg, local_model(cfg))
     for key, value in (("run.dir", cfg.run.dir), ("run.root", cfg.run.root)):
         if value and fsspec.core.split_protocol(value)[0] is not None:

@@ -38,6 +38,14 @@ def kv_dtype(cfg: Config, role: str) -> str:
     return "fp8" if str(value).startswith("fp8") else str(value)
 
 
+def block_size(cfg: Config, role: str) -> int:
+    """Tokens per KV block of ``role``'s engines: its setting
+    (:meth:`~pipeline.config.schema.ModelConfig.block_size_of`), else vLLM's default on this
+    platform (GPU workers: ``cluster.gpus_per_task`` > 0)."""
+    on_gpu = (cfg.cluster.gpus_per_task or 0) > 0
+    return cfg.model.block_size_of(role) or (DEFAULT_BLOCK_GPU if on_gpu else DEFAULT_BLOCK_CPU)
+
+
 def _gib(nbytes: float) -> str:
     return f"{nbytes / GIB:.3g} GiB"
 
@@ -61,16 +69,16 @@ def check_kv_fits(cfg: Config, model_dir: str | None) -> None:
     m = cfg.model
     tokens = m.max_model_len
     on_gpu = (cfg.cluster.gpus_per_task or 0) > 0
-    block = m.block_size or (DEFAULT_BLOCK_GPU if on_gpu else DEFAULT_BLOCK_CPU)
-    blocks = -(-tokens // block)
     roles = {"disaggregated": ("prefill", "decode"), "colocated": ("colocated",)}.get(
         cfg.pools.mode, ("prefill", "decode", "colocated"))
     for role in roles:
+        block = block_size(cfg, role)
+        blocks = -(-tokens // block)
         dtype = kv_dtype(cfg, role)
         if dtype not in DTYPE_BYTES:
             continue  # a KV dtype the layout does not know: vLLM checks it at start
         per_token = kv_bytes_per_token_from_hf(hf, dtype)
-        tp = m.decode_tp if role == "decode" else m.prefill_tp
+        tp = m.tp_of(role)
         need = blocks * block * per_token / max(tp, 1)
         if not on_gpu and need > m.kv_cache_gib * GIB:
             raise ConfigError(
@@ -79,6 +87,8 @@ def check_kv_fits(cfg: Config, model_dir: str | None) -> None:
                 f"{f' rank (TP {tp})' if tp > 1 else ''} ({blocks} blocks of {block} tokens x "
                 f"{per_token} bytes per token in {dtype}, model.dtype={m.dtype}); raise model.kv_cache_gib "
                 f"or lower model.max_model_len")
+    block = block_size(cfg, "decode")
+    blocks = -(-tokens // block)
     if m.decode_kv_blocks and "decode" in roles and (m.decode_kv_blocks - 1) * block < tokens:
         raise ConfigError(
             f"model.decode_kv_blocks={m.decode_kv_blocks} holds {(m.decode_kv_blocks - 1) * block} tokens "

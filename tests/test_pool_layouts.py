@@ -1,0 +1,89 @@
+"""Pool shapes refused at start (pipeline.preflight.layout), without an engine: TP sizes the
+model's heads do not allow, and TP or block sizes vLLM's NIXL connector cannot carry between the
+pools with the transport chosen. The head counts are SmolLM2-135M's (its config.json: 9
+attention heads, 3 KV heads) unless a test says otherwise; the rules are vLLM 0.32's, quoted in
+the module's docstring."""
+
+from __future__ import annotations
+
+import pytest
+
+from pipeline.config import ConfigError, compose
+from pipeline.preflight.layout import check_pool_layouts
+from tests.conftest import SAMPLE
+from tests.test_preflight import _refused
+
+SMOLLM2 = {"num_attention_heads": 9, "num_key_value_heads": 3}
+PULL, PUSH = "transport=nixl_pull", "transport=nixl_push"
+
+
+def _check(*overrides: str, hf=SMOLLM2) -> None:
+    check_pool_layouts(compose(["+job=summarize", *overrides]), hf)
+
+
+@pytest.mark.parametrize("overrides", [
+    # TP sizes SmolLM2 allows (1, 3, 9), in both directions where the builder takes them
+    ("model.prefill_tp=3",), ("model.decode_tp=3",), ("model.prefill_tp=3", "model.decode_tp=9"),
+    (PUSH, "model.prefill_tp=9"),
+    # block sizes: on GPU workers pull READs whole prefill blocks into larger decode blocks
+    (PULL, "cluster.gpus_per_task=1", "model.prefill_block_size=16", "model.decode_block_size=32"),
+    (PULL, "cluster.gpus_per_task=1", "model.block_size=16", "model.decode_block_size=64"),  # prefill falls back
+    (PUSH, "model.prefill_block_size=64", "model.decode_block_size=64"),
+    ("pools=colocated", "model.block_size=64"),
+])
+def test_shapes_the_connector_carries_are_accepted(overrides):
+    _check(*overrides)
+
+
+@pytest.mark.parametrize("overrides,words", [
+    (("model.prefill_tp=2",), ["model.prefill_tp=2", "9 attention heads and 3 KV heads",
+                               "TP sizes that work here: 1, 3, 9"]),
+    (("pools=colocated", "model.prefill_tp=4"), ["model.prefill_tp=4", "TP sizes that work here"]),
+    # the decode pool READs (pull) from prefill ranks whose KV heads are replicated (9 > 3)
+    ((PULL, "model.prefill_tp=9"), ["model.prefill_tp=9 and model.decode_tp=1",
+                                    "above the model's 3 KV heads", "lower model.prefill_tp=9 to at most 3"]),
+    # the prefill pool WRITEs (push) into decode ranks whose KV heads are replicated
+    ((PUSH, "model.prefill_tp=3", "model.decode_tp=9"), ["the decode pool's TP is larger than the prefill pool's"]),
+    ((PULL, "cluster.gpus_per_task=1", "model.prefill_block_size=32", "model.decode_block_size=16"),
+     ["model.prefill_block_size=32 and model.decode_block_size=16", "NixlConnector (decode READs)",
+      "the decode block size must be a multiple of the prefill one", "swap them"]),
+    ((PULL, "cluster.gpus_per_task=1", "model.prefill_block_size=32", "model.decode_block_size=48"),
+     ["must be a multiple"]),
+    # vLLM's push connector asserts on both sides: seen here as the decode engine dying at the
+    # first request ("Local block size 128 is not divisible by remote block size 256")
+    ((PUSH, "model.prefill_block_size=256", "model.decode_block_size=128"),
+     ["NixlPushConnector (prefill WRITEs)", "the pools need the same block size"]),
+    ((PUSH, "cluster.gpus_per_task=1", "model.prefill_block_size=16", "model.decode_block_size=32"),
+     ["the pools need the same block size"]),
+    # on CPU the connector takes these, and every row came out wrong (module doc): refused
+    ((PULL, "model.prefill_block_size=64", "model.decode_block_size=128"),
+     ["on CPU workers the pools need the same block size", "scrambled"]),
+    # only one side set: the other is vLLM's CPU default, named as such
+    ((PULL, "model.prefill_block_size=256"), ["vLLM's default block size 128 (decode)"]),
+    (("offload=dram", "model.prefill_block_size=64", "model.decode_block_size=128"),
+     ["the DRAM tier (offload=dram) holds the KV in blocks of one size"]),
+    (("model.block_size=16",), ["model.block_size=16 (prefill)", "multiple of 32"]),
+])
+def test_shapes_vllm_cannot_run_are_refused_naming_both_settings(overrides, words):
+    with pytest.raises(ConfigError) as err:
+        _check(*overrides)
+    for w in words:
+        assert w in str(err.value), str(err.value)
+
+
+def test_tp_sizes_that_are_not_multiples_of_each_other_are_refused():
+    # A model of 12 heads (12 KV heads) takes TP 4 and TP 6 each, but a rank of the TP-6 pool
+    # would need KV heads from parts of two ranks of the TP-4 pool.
+    hf = {"num_attention_heads": 12, "num_key_value_heads": 12}
+    _check("model.prefill_tp=4", "model.decode_tp=4", hf=hf)
+    with pytest.raises(ConfigError, match="the larger TP size must be a multiple of the smaller"):
+        _check("model.prefill_tp=4", "model.decode_tp=6", hf=hf)
+
+
+def test_gpu_workers_take_block_sizes_the_cpu_kernel_does_not():
+    _check("model.block_size=16", "cluster.gpus_per_task=1")
+
+
+def test_the_command_refuses_at_start_in_one_line():
+    line = _refused(f"job.input={SAMPLE}", "model.prefill_tp=2", "--dry-run")
+    assert "model.prefill_tp=2" in line and "9 attention heads and 3 KV heads" in line, line
