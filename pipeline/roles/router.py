@@ -135,7 +135,10 @@ class DecodeRouter:
             for rank, probed in list(self.unreachable.items()):
                 if now - probed >= self.ack_timeout_s and rank in self.sockets:
                     self.unreachable[rank] = now
-                    await self._send(rank, Probe())
+                    try:
+                        await self._send(rank, Probe())
+                    except zmq.ZMQError as exc:  # the monitor must go on: it is the liveness
+                        log.warning("could not probe decode rank %d: %s", rank, exc)
 
     async def _send(self, rank: int, msg: Message) -> None:
         await self.sockets[rank].send(sign(self.secret, encode(msg)))
