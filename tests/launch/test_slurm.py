@@ -118,18 +118,28 @@ def test_a_lost_decode_node_leaves_the_run_to_the_other_rank(slurm_run):
 
 
 def test_a_cut_link_sends_rows_elsewhere_and_heals(slurm_run):
-    """The decode rank behind the cut link did not acknowledge pd-node2's first hand-off: within
-    transport.ack_timeout_s (10 s here) that row went to the other rank, with a line naming the
-    rank and why (not a wait for the result timeout, 300 s, or inside UCX). After the link
-    healed, rank 0 answered (a probe, or the hand-off the link had held) and dropped that
-    hand-off, which was withdrawn behind it on the same connection: each row out once
-    (test_slurm_run_every_row_once compares them with an undisturbed run)."""
+    """The decode rank behind the cut link did not acknowledge pd-node2's first hand-offs: within
+    transport.ack_timeout_s (10 s here) those rows went to the other rank, with a line naming the
+    rank and why (not a wait for the result timeout, 300 s, or inside UCX), and the run completed
+    with each row once (test_slurm_run_every_row_once compares them with an undisturbed run).
+
+    Nothing was decoded twice: the hand-offs the link held are withdrawn behind themselves, so a
+    link that delivers them once it heals delivers the withdrawal too, and rank 0 drops them
+    (seen: 5 of 5 dropped); a link that never gets to deliver them (pd-node2's task may end
+    before TCP's next retransmission after the heal) drops them itself. Either way, rank 0
+    generated exactly the tokens of the rows the output says it served, by vLLM's own counters."""
     logs = "".join(f.read_text(errors="replace") for f in (slurm_run / "run" / "logs").rglob("*_log.err"))
-    # Only pd-node2's prefill task can say this of rank 0, and only rank 0 the withdrawal.
+    # Only pd-node2's prefill task can say this of rank 0.
     assert (f"decode rank 0 (decode-0@{CUT[1]}) did not acknowledge the hand-off within 10 s: the link to it "
             "is down (its heartbeat goes on)") in logs, logs[-3000:]
-    assert f"decode rank 0 (decode-0@{CUT[1]}) answers again" in logs, logs[-3000:]
-    assert "its prefill worker withdrew it" in logs, logs[-3000:]
+    from pipeline.io.metrics import read_worker_metrics
+
+    rank0 = f"decode-0@{CUT[1]}"
+    generated = sum(s["generation_tokens"] or 0 for s in read_worker_metrics(slurm_run / "run").to_pylist()
+                    if s["worker"] == rank0)
+    served = sum(r["output_tokens"] for s in SHARDS for r in pq.read_table(
+        slurm_run / "output" / s, columns=["decode_worker", "output_tokens"]).to_pylist() if r["decode_worker"] == rank0)
+    assert generated == served > 0
 
 
 def test_a_preempted_prefill_task_is_requeued_and_resumes(slurm_run):
