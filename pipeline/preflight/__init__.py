@@ -153,8 +153,9 @@ def preflight(cfg: Config, run_dir: Path | None = None) -> Plan:
     """
     check_templates(cfg)
     check_engine_args(cfg)
-    check_pool_layouts_of(cfg, local_model(cfg))
-    check_kv_fits(cfg, local_model(cfg))
+    model_dir = local_model(cfg)
+    check_pool_layouts_of(cfg, model_dir)
+    check_kv_fits(cfg, model_dir)
     for key, value in (("run.dir", cfg.run.dir), ("run.root", cfg.run.root)):
         if value and fsspec.core.split_protocol(value)[0] is not None:
             raise ConfigError(f"{key}: {value} must be a plain path on a file system every worker sees, not a URL")

@@ -38,12 +38,26 @@ def kv_dtype(cfg: Config, role: str) -> str:
     return "fp8" if str(value).startswith("fp8") else str(value)
 
 
+def on_gpu(cfg: Config) -> bool:
+    """Whether the workers run on GPUs (``cluster.gpus_per_task`` > 0)."""
+    return (cfg.cluster.gpus_per_task or 0) > 0
+
+
 def block_size(cfg: Config, role: str) -> int:
     """Tokens per KV block of ``role``'s engines: its setting
     (:meth:`~pipeline.config.schema.ModelConfig.block_size_of`), else vLLM's default on this
-    platform (GPU workers: ``cluster.gpus_per_task`` > 0)."""
-    on_gpu = (cfg.cluster.gpus_per_task or 0) > 0
-    return cfg.model.block_size_of(role) or (DEFAULT_BLOCK_GPU if on_gpu else DEFAULT_BLOCK_CPU)
+    platform (:func:`on_gpu`)."""
+    return cfg.model.block_size_of(role) or (DEFAULT_BLOCK_GPU if on_gpu(cfg) else DEFAULT_BLOCK_CPU)
+
+
+def hf_config(model_dir: str | None) -> dict | None:
+    """The model's ``config.json`` with its ``text_config`` merged in; None without a local
+    directory holding one."""
+    if model_dir is None or not (Path(model_dir) / "config.json").is_file():
+        return None
+    hf = json.loads((Path(model_dir) / "config.json").read_text())
+    hf.update(hf.get("text_config") or {})
+    return hf
 
 
 def _gib(nbytes: float) -> str:
@@ -60,15 +74,14 @@ def check_kv_fits(cfg: Config, model_dir: str | None) -> None:
     Raises:
         ConfigError: one line naming the settings involved and the size one request needs.
     """
-    if model_dir is None or not (Path(model_dir) / "config.json").is_file():
+    hf = hf_config(model_dir)
+    if hf is None:
         return
-    hf = json.loads((Path(model_dir) / "config.json").read_text())
-    hf.update(hf.get("text_config") or {})
     if hf.get("sliding_window") or hf.get("kv_lora_rank") or any("sliding" in str(t) for t in hf.get("layer_types") or []):
         return  # sliding-window or latent (MLA) attention: not this layout; vLLM checks at start
     m = cfg.model
     tokens = m.max_model_len
-    on_gpu = (cfg.cluster.gpus_per_task or 0) > 0
+    gpu = on_gpu(cfg)
     roles = {"disaggregated": ("prefill", "decode"), "colocated": ("colocated",)}.get(
         cfg.pools.mode, ("prefill", "decode", "colocated"))
     for role in roles:
@@ -80,7 +93,7 @@ def check_kv_fits(cfg: Config, model_dir: str | None) -> None:
         per_token = kv_bytes_per_token_from_hf(hf, dtype)
         tp = m.tp_of(role)
         need = blocks * block * per_token / max(tp, 1)
-        if not on_gpu and need > m.kv_cache_gib * GIB:
+        if not gpu and need > m.kv_cache_gib * GIB:
             raise ConfigError(
                 f"model.kv_cache_gib={m.kv_cache_gib:g} is too small for one request of model.max_model_len="
                 f"{tokens} tokens: its KV cache needs {_gib(need)} per {role} engine"

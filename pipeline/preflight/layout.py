@@ -35,15 +35,13 @@ arguments (:data:`pipeline.preflight.engine_args.KV_SHARED`).
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
 from typing import Any
 
 from pipeline.config import Config, ConfigError
-from pipeline.preflight.kv_fit import block_size
+from pipeline.preflight.kv_fit import block_size, hf_config, on_gpu
 
-#: The connector side that builds the transfer, by ``transport.connector``: it must hold the
-#: larger block (its block is cut into the other side's) and may not read from a replicated peer.
+#: The connector side that builds the transfer, by ``transport.connector``: it checks the other
+#: side's block size against its own and may not take KV from a replicated peer.
 BUILDER = {"NixlConnector": "decode", "NixlPushConnector": "prefill"}
 CPU_BLOCK_MULTIPLE = 32
 
@@ -69,15 +67,16 @@ def check_pool_layouts(cfg: Config, hf: dict[str, Any] | None) -> None:
         ConfigError: one line naming the settings involved and why.
     """
     roles = ("colocated",) if cfg.pools.mode == "colocated" else ("prefill", "decode")
-    on_gpu = (cfg.cluster.gpus_per_task or 0) > 0
+    gpu = on_gpu(cfg)
     for role in roles:
         block = block_size(cfg, role)
-        if not on_gpu and block % CPU_BLOCK_MULTIPLE:
+        if not gpu and block % CPU_BLOCK_MULTIPLE:
             raise ConfigError(f"{_setting(cfg, role, 'block_size')}: vLLM's attention on CPU takes KV blocks of a "
                               f"multiple of {CPU_BLOCK_MULTIPLE} tokens")
-    if hf:
-        heads, kv_heads = hf.get("num_attention_heads"), hf.get("num_key_value_heads") or hf.get("num_attention_heads")
-        for role in roles if heads and kv_heads else ():
+    heads = (hf or {}).get("num_attention_heads")
+    kv_heads = (hf or {}).get("num_key_value_heads") or heads
+    if heads and kv_heads:
+        for role in roles:
             tp = cfg.model.tp_of(role)
             if heads % tp or (kv_heads % tp and tp % kv_heads):
                 raise ConfigError(
@@ -95,7 +94,6 @@ def check_pool_layouts(cfg: Config, hf: dict[str, Any] | None) -> None:
         raise ConfigError(f"{_setting(cfg, 'prefill', 'tp')} and {_setting(cfg, 'decode', 'tp')}: the larger TP size "
                           "must be a multiple of the smaller, so that each rank's KV heads come from whole ranks of "
                           "the other pool (vLLM's NIXL connector)")
-    kv_heads = (hf or {}).get("num_key_value_heads") or (hf or {}).get("num_attention_heads")
     if kv_heads and tps[peer] > tps[builder] and tps[peer] > kv_heads:
         raise ConfigError(
             f"{_setting(cfg, 'prefill', 'tp')} and {_setting(cfg, 'decode', 'tp')} {how}: the {peer} pool's TP is "
@@ -115,7 +113,7 @@ def check_pool_layouts(cfg: Config, hf: dict[str, Any] | None) -> None:
         if blocks["decode"] % blocks["prefill"]:
             raise ConfigError(f"{both} {how}: the decode block size must be a multiple of the prefill one (vLLM's NIXL "
                               "connector reads whole prefill blocks into each decode block); swap them")
-        if not on_gpu:
+        if not gpu:
             raise ConfigError(f"{both}: on CPU workers the pools need the same block size: vLLM's NIXL connector "
                               "cuts a decode block into prefill blocks by bytes, and vLLM's CPU KV blocks are laid "
                               "out head by head, so the KV would arrive scrambled (every row's output wrong, with "
@@ -129,8 +127,4 @@ def _tp_sizes(heads: int, kv_heads: int) -> list[int]:
 def check_pool_layouts_of(cfg: Config, model_dir: str | None) -> None:
     """:func:`check_pool_layouts` with the head counts from ``model_dir/config.json`` (None, or
     no such file: without them)."""
-    hf = None
-    if model_dir is not None and (Path(model_dir) / "config.json").is_file():
-        hf = json.loads((Path(model_dir) / "config.json").read_text())
-        hf.update(hf.get("text_config") or {})
-    check_pool_layouts(cfg, hf)
+    check_pool_layouts(cfg, hf_config(model_dir))
