@@ -87,3 +87,17 @@ def test_gpu_workers_take_block_sizes_the_cpu_kernel_does_not():
 def test_the_command_refuses_at_start_in_one_line():
     line = _refused(f"job.input={SAMPLE}", "model.prefill_tp=2", "--dry-run")
     assert "model.prefill_tp=2" in line and "9 attention heads and 3 KV heads" in line, line
+
+
+def test_a_workers_cores_are_dealt_out_among_its_tp_ranks():
+    """VLLM_CPU_OMP_THREADS_BIND of an engine of TP n: one core list per rank, joined by '|'
+    (vLLM's CPU worker asserts there is one per local rank: 'Given number of CPU id list ['0']
+    doesn't match local world size 3' was the error of a TP-3 engine given one list)."""
+    from pipeline.engine.env import omp_bind
+
+    assert omp_bind("0,1", 1) == "0,1"
+    assert omp_bind("0", 3) == "0|0|0"
+    assert omp_bind("0,1", 3) == "0|1|0"
+    assert omp_bind("0-3", 2) == "0,1|2,3"
+    assert omp_bind("0-4", 2) == "0,1,2|3,4"
+    assert omp_bind("4,6-8", 3) == "4,6|7|8"

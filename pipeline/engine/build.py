@@ -151,7 +151,7 @@ def build_engine(cfg: Config, role: Role, *, cpus: str | None,
         Exception: whatever vLLM raises for arguments it refuses or an engine that fails to start
             (the checks at start, :mod:`pipeline.preflight.engine_args`, catch most of the first).
     """
-    os.environ.update(engine_env(cfg, cpus=cpus, side_channel=side_channel))
+    os.environ.update(engine_env(cfg, cpus=cpus, side_channel=side_channel, tp=cfg.model.tp_of(role)))
     from vllm.engine.arg_utils import AsyncEngineArgs
     from vllm.v1.engine.async_llm import AsyncLLM
 
@@ -164,6 +164,24 @@ def build_engine(cfg: Config, role: Role, *, cpus: str | None,
     if cpus is not None:
         pin_descendants(parse_cpus(cpus))
     return engine
+
+
+def engine_shape(engine: "AsyncLLM") -> dict[str, int]:
+    """What ``engine`` runs with, for its record in the run directory: ``tp`` and ``block_size``
+    (tokens) as vLLM resolved them (its ``VllmConfig``), and ``worker_processes``, the vLLM
+    model-worker processes (``VLLM::Worker``) under this process, counted from the operating
+    system: one per TP rank."""
+    import psutil
+
+    vc = engine.vllm_config
+    workers = 0
+    for child in psutil.Process().children(recursive=True):
+        try:
+            workers += child.name().startswith("VLLM::Worker")
+        except psutil.Error:
+            continue
+    return {"tp": vc.parallel_config.tensor_parallel_size, "block_size": vc.cache_config.block_size,
+            "worker_processes": workers}
 
 
 # Seconds vLLM waits for an engine core to exit after SIGTERM before it kills its process tree.

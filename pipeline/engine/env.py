@@ -8,11 +8,13 @@ import os
 from pipeline.config import Config
 
 
-def engine_env(cfg: Config, *, cpus: str | None, side_channel: tuple[str, int] | None) -> dict[str, str]:
-    """Environment variables for one worker's engine.
+def engine_env(cfg: Config, *, cpus: str | None, side_channel: tuple[str, int] | None,
+               tp: int = 1) -> dict[str, str]:
+    """Environment variables for one worker's engine of TP size ``tp``.
 
-    ``cpus`` is a core list for ``VLLM_CPU_OMP_THREADS_BIND`` (``"0"``, ``"0,1"``) or None for
-    vLLM's own choice. ``side_channel`` is this worker's NIXL handshake (host, port).
+    ``cpus`` is the worker's core list (``"0"``, ``"0,1"``), split between its ``tp`` ranks for
+    ``VLLM_CPU_OMP_THREADS_BIND`` (:func:`omp_bind`), or None for vLLM's own choice.
+    ``side_channel`` is this worker's NIXL handshake (host, port).
     """
     env = {
         "VLLM_CPU_KVCACHE_SPACE": f"{cfg.model.kv_cache_gib:g}",
@@ -20,7 +22,7 @@ def engine_env(cfg: Config, *, cpus: str | None, side_channel: tuple[str, int] |
         "TOKENIZERS_PARALLELISM": "false",
     }
     if cpus is not None:
-        env["VLLM_CPU_OMP_THREADS_BIND"] = cpus
+        env["VLLM_CPU_OMP_THREADS_BIND"] = omp_bind(cpus, tp)
         env["VLLM_CPU_NUM_OF_RESERVED_CPU"] = "0"
     if side_channel is not None:
         # The address peers reach this worker at (pipeline.runtime.net.worker_host). vLLM's own
@@ -34,6 +36,26 @@ def engine_env(cfg: Config, *, cpus: str | None, side_channel: tuple[str, int] |
     if cfg.transport.ucx_net_devices:
         env["UCX_NET_DEVICES"] = cfg.transport.ucx_net_devices
     return env
+
+
+def omp_bind(cpus: str, tp: int) -> str:
+    """``VLLM_CPU_OMP_THREADS_BIND`` for an engine of TP size ``tp`` on the cores ``cpus``: one
+    core list per TP rank, joined by ``|`` (vLLM's CPU worker takes the list of its local rank
+    and asserts there is one per rank). The cores are dealt out in contiguous slices; with fewer
+    cores than ranks, ranks share them round-robin (``omp_bind("0,1", 3)`` -> ``"0|1|0"``).
+    """
+    cores = sorted(parse_cpus(cpus))
+    if tp <= 1:
+        return cpus
+    if len(cores) <= tp:
+        return "|".join(str(cores[r % len(cores)]) for r in range(tp))
+    per, extra = divmod(len(cores), tp)
+    out, start = [], 0
+    for r in range(tp):
+        n = per + (1 if r < extra else 0)
+        out.append(",".join(map(str, cores[start:start + n])))
+        start += n
+    return "|".join(out)
 
 
 def parse_cpus(cpus: str) -> set[int]:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import time
 
-from pipeline.engine.build import build_engine, stop_engine
+from pipeline.engine.build import build_engine, engine_shape, stop_engine
 from pipeline.engine.lora import lora_request
 from pipeline.engine.model import load_tokenizer
 from pipeline.engine.steps import StepRecorder
@@ -36,7 +36,7 @@ async def _colocated(run: RunDir, task: int, limit: int | None, cpus: str | None
     recorder = StepRecorder(run.path, worker, "colocated")
     started = time.time()
     engine = build_engine(cfg, "colocated", cpus=cpus, recorder=recorder)
-    run.mark_engine_ready(worker, "colocated", started)
+    run.mark_engine_ready(worker, "colocated", started, engine_shape(engine))
     lists = run.sample_lists()
 
     async def serve(p: Prompt) -> RowResult:

@@ -16,7 +16,7 @@ import zmq
 import zmq.asyncio
 
 from pipeline.config import Config, SamplingConfig
-from pipeline.engine.build import build_engine, stop_engine
+from pipeline.engine.build import build_engine, engine_shape, stop_engine
 from pipeline.engine.kv_layout import kv_capacity_tokens
 from pipeline.engine.lora import lora_request
 from pipeline.engine.model import model_kv_bytes_per_token
@@ -54,7 +54,7 @@ async def _decode(run: RunDir, rank: int, cpus: str | None) -> str:
     started = time.time()
     engine = start_on_side_channel(cfg, rank, host, lambda port: build_engine(
         cfg, "decode", cpus=cpus, recorder=recorder, side_channel=(host, port)))
-    run.mark_engine_ready(worker, "decode", started)
+    run.mark_engine_ready(worker, "decode", started, engine_shape(engine))
     server = DecodeServer(run, cfg, rank, worker, engine, host)
     try:
         await server.serve_forever()

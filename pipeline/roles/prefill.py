@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 import time
 
-from pipeline.engine.build import build_engine, stop_engine
+from pipeline.engine.build import build_engine, engine_shape, stop_engine
 from pipeline.engine.model import load_tokenizer, model_kv_bytes_per_token
 from pipeline.engine.steps import StepRecorder
 from pipeline.roles.handoff import PrefillHandoff
@@ -41,7 +41,7 @@ async def _prefill(run: RunDir, task: int, limit: int | None, cpus: str | None) 
     started = time.time()
     engine = start_on_side_channel(cfg, cfg.pools.decode + task, host, lambda port: build_engine(
         cfg, "prefill", cpus=cpus, side_channel=(host, port), recorder=recorder))
-    run.mark_engine_ready(worker, "prefill", started)
+    run.mark_engine_ready(worker, "prefill", started, engine_shape(engine))
     router = None
     try:
         await wait_for_decode(run, cfg.pools.decode, cfg.transport.connect_timeout_s)

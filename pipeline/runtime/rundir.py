@@ -187,12 +187,14 @@ class RunDir:
                 continue
         return out
 
-    def mark_engine_ready(self, worker: str, role: str, started_at: float) -> None:
+    def mark_engine_ready(self, worker: str, role: str, started_at: float, shape: dict[str, Any] | None = None) -> None:
         """Record that ``worker``'s engine (``role``: prefill, decode or colocated) is ready to
         serve: ``started_at`` (when its start began) and ``ready_at`` (now), seconds since the
-        epoch. A requeued worker's next engine replaces the record."""
+        epoch, and its ``shape`` (:func:`pipeline.engine.build.engine_shape`). A requeued worker's
+        next engine replaces the record."""
         write_json(self.path / "engines" / f"{worker}.json",
-                   {"worker": worker, "role": role, "started_at": started_at, "ready_at": time.time()})
+                   {"worker": worker, "role": role, "started_at": started_at, "ready_at": time.time(),
+                    **(shape or {})})
 
     def engines_ready(self) -> dict[str, int]:
         """Engines ready so far, by role."""
