@@ -2,7 +2,9 @@
 own input and machine, before any worker starts.
 
 The workers to place are ``pools.prefill + pools.decode`` (the local launcher gives each its
-share of the cores; on Slurm each is a node's worth of ``cluster.*``). The planner compares them
+share of the cores; on Slurm each is a node's worth of ``cluster.*``), each pool's workers of its
+own TP size (``model.prefill_tp``, ``model.decode_tp``: a worker of TP n counts n devices, its
+rates and KV capacity scale with n). The planner compares them
 colocated with every xP:yD split of them, as a batch job with ``job.batch_rows`` rows in flight
 per worker, on:
 
@@ -68,10 +70,12 @@ class PoolChoice:
                 + "".join(f"\n  note: {n}" for n in self.notes))
 
 
-def local_prefill_threshold(model: ModelShape, hw: Hardware, max_tokens: int) -> int:
+def local_prefill_threshold(model: ModelShape, hw: Hardware, max_tokens: int, prefill_tp: int = 1,
+                            decode_tp: int = 1) -> int:
     """The prompt length (tokens) under which computing a prompt's KV on the decode worker
-    takes less time than handing it over: the smallest ``n`` with ``prefill_time(n) >=
-    hw.handoff_s + kv_transfer_time(n x KV bytes per token)`` (:mod:`pipeline.plan.costs`; the
+    (``decode_tp`` devices) takes less time than handing it over from a prefill worker of
+    ``prefill_tp``: the smallest ``n`` with ``prefill_time(n, decode_tp) >= hw.handoff_s +
+    kv_transfer_time(n x KV bytes per token, min(prefill_tp, decode_tp))`` (:mod:`pipeline.plan.costs`; the
     difference is convex in ``n`` and negative at 0, so it crosses 0 once, found by bisection),
     at most ``max_tokens``. 0 without a hand-off latency (the presets have none: only
     :func:`~pipeline.plan.calibrate.calibrate` measures it)."""
@@ -79,7 +83,8 @@ def local_prefill_threshold(model: ModelShape, hw: Hardware, max_tokens: int) ->
         return 0
 
     def local_wins(n: int) -> bool:
-        return prefill_time(model, hw, n) < hw.handoff_s + kv_transfer_time(n * model.kv_bytes_per_token, hw)
+        return (prefill_time(model, hw, n, decode_tp)
+                < hw.handoff_s + kv_transfer_time(n * model.kv_bytes_per_token, hw, min(prefill_tp, decode_tp)))
 
     if local_wins(max_tokens):
         return max_tokens
@@ -124,7 +129,8 @@ def choose_pools(cfg: Config, shards: list, total_rows: int) -> tuple[Config, Po
     out = cfg.job.sampling.max_new_tokens
     wl = Workload(tuple(lengths), (out,), None, max(total_rows, 1), source="job.input")
     workers = cfg.pools.prefill + cfg.pools.decode
-    p = plan(model, hw, wl, workers=workers, rows_in_flight=cfg.job.batch_rows)
+    p = plan(model, hw, wl, workers=workers, rows_in_flight=cfg.job.batch_rows,
+             prefill_tp=cfg.model.prefill_tp, decode_tp=cfg.model.decode_tp)
     p.notes = [n.replace(" (--workers)", " (pools.prefill + pools.decode)") for n in p.notes]
     options = {"colocated": _figures(p.colocated)}
     if p.disaggregated is not None:
@@ -140,7 +146,7 @@ def choose_pools(cfg: Config, shards: list, total_rows: int) -> tuple[Config, Po
         d = p.disaggregated
         choice.prefill, choice.decode = d.prefill_workers, d.decode_workers
         choice.local_prefill_tokens = cfg.pools.local_prefill_tokens or local_prefill_threshold(
-            model, hw, cfg.model.max_model_len)
+            model, hw, cfg.model.max_model_len, cfg.model.prefill_tp, cfg.model.decode_tp)
     pools = dataclasses.replace(cfg.pools, mode=choice.mode, prefill=choice.prefill, decode=choice.decode,
                                 local_prefill_tokens=choice.local_prefill_tokens)
     return dataclasses.replace(cfg, pools=pools), choice
@@ -148,4 +154,5 @@ def choose_pools(cfg: Config, shards: list, total_rows: int) -> tuple[Config, Po
 
 def _figures(pred) -> dict[str, float]:
     return {"prefill_workers": pred.prefill_workers, "decode_workers": pred.decode_workers,
+            "prefill_tp": pred.prefill_tp, "decode_tp": pred.decode_tp, "devices": pred.devices,
             "makespan_s": pred.makespan_s, "output_tokens_per_s": pred.output_tokens_per_s}

@@ -229,7 +229,11 @@ def calibrate(run_or_output: str | os.PathLike, model: ModelShape | None = None,
     (Python, scheduling) are folded into the fitted rates. The rates are per worker as that run
     placed them: the local launcher splits the cores among the workers (a 1P:1D run on 2 cores
     gives each one core, a colocated x1 run both), so calibrate from a run laid out like the one
-    to predict.
+    to predict. They are then divided per device by the run's TP sizes (its ``config.yaml``):
+    FLOP/s by ``model.prefill_tp`` (the prefill or colocated workers), memory bytes/s by
+    ``model.decode_tp`` (colocated: ``prefill_tp``), link bytes/s by the smaller of the two (the
+    links a hand-off uses, :func:`pipeline.plan.predict.prefill_side`), as the planner
+    multiplies them back by each pool's TP size.
 
     ``model`` defaults to the run's (its ``config.yaml``).
 
@@ -257,5 +261,16 @@ def calibrate(run_or_output: str | os.PathLike, model: ModelShape | None = None,
         raise ValueError(f"{run_or_output}: no rows with prefill and decode timings to calibrate from")
     link = dram_write_rate(run_dir_of(run_or_output)) or (kv_moved / handoff_busy if handoff_busy > 0 else base.link_bw)
     latency = max(0.0, sum(r["hand"] - k * r["p"] / link for r in hand) / len(hand)) if hand else base.handoff_s
-    return replace(base, name=f"{base.name} calibrated on {run_or_output}", peak_flops=flops / prefill_busy,
-                   mfu=1.0, mem_bw=dec_bytes / dec_time, mbu=1.0, link_bw=link, handoff_s=latency)
+    ptp, dtp = _tp_sizes(run_or_output)
+    return replace(base, name=f"{base.name} calibrated on {run_or_output}", peak_flops=flops / prefill_busy / ptp,
+                   mfu=1.0, mem_bw=dec_bytes / dec_time / dtp, mbu=1.0,
+                   link_bw=link / min(ptp, dtp) if hand else link, handoff_s=latency)
+
+
+def _tp_sizes(run_or_output: str | os.PathLike) -> tuple[int, int]:
+    """(prefill or colocated TP, decode TP) of a run, from its ``config.yaml``; (1, 1) without one."""
+    cfg = _config_of_run(run_or_output)
+    if cfg is None:
+        return 1, 1
+    colocated = cfg.pools.mode == "colocated"
+    return cfg.model.prefill_tp, cfg.model.prefill_tp if colocated else cfg.model.decode_tp

@@ -47,6 +47,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--target-util", type=float, default=0.75, help="utilisation each pool may reach (default 0.75)")
     ap.add_argument("--itl-target", type=float, default=0.1, help="inter-token latency target, s (default 0.1)")
     ap.add_argument("--tp", type=int, help="devices per worker (default: fewest that hold the weights twice)")
+    ap.add_argument("--prefill-tp", type=int, help="devices per prefill (and colocated) worker (default: --tp)")
+    ap.add_argument("--decode-tp", type=int, help="devices per decode worker (default: --tp)")
     ap.add_argument("--workers", type=int, default=2, help="workers (each --tp devices) to split for a batch job (default 2)")
     ap.add_argument("--dtype", help="weight/KV dtype (default: the model's)")
     ap.add_argument("--kv-cache-dtype", default="auto", help="KV cache dtype, vLLM's names: auto (the model's "
@@ -73,8 +75,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", action="store_true", help="print JSON")
     args = ap.parse_args(argv)
     try:
-        if args.tp is not None and args.tp < 1:
-            raise ValueError(f"--tp must be >= 1, got {args.tp}")
+        for flag in ("tp", "prefill_tp", "decode_tp"):
+            if getattr(args, flag) is not None and getattr(args, flag) < 1:
+                raise ValueError(f"--{flag.replace('_', '-')} must be >= 1, got {getattr(args, flag)}")
         if args.calibrate:
             model = load_model(args.model, args.dtype) if args.model else model_of_run(args.calibrate)
             hw = calibrate(args.calibrate, model, args.hardware or "cpu")
@@ -118,7 +121,8 @@ def main(argv: list[str] | None = None) -> int:
         else:
             raise ValueError("give --prompt-tokens and --output-tokens, or --input, or --calibrate")
         result = plan(model, hw, wl, target_util=args.target_util, itl_target_s=args.itl_target,
-                      tp=args.tp, workers=args.workers, dram_headroom=headroom, rows_in_flight=batch_rows)
+                      tp=args.tp, workers=args.workers, dram_headroom=headroom, rows_in_flight=batch_rows,
+                      prefill_tp=args.prefill_tp, decode_tp=args.decode_tp)
         result.costs = option_costs([result.disaggregated, result.colocated], args.device_hour_price,
                                     args.prefill_device_hour_price, args.decode_device_hour_price)
     except (ValueError, FileNotFoundError) as exc:

@@ -107,7 +107,7 @@ class DramTier:
 def dram_tier(model: ModelShape, hw: Hardware, wl: Workload, pred: Prediction, *,
               headroom: float = 1.2, itl_target_s: float = 0.1) -> DramTier:
     """Size the decode workers' host-DRAM KV pool for the disaggregated configuration ``pred``
-    (x prefill, y decode workers of ``tp`` devices). ``k`` = KV bytes per token (``2 x layers x
+    (x prefill workers, y decode workers of ``tp`` = ``pred.decode_tp`` devices). ``k`` = KV bytes per token (``2 x layers x
     KV heads x head dim x bytes``, :mod:`pipeline.engine.kv_layout`), ``p`` / ``o`` the mean
     prompt / output tokens, ``C_kv`` = :func:`~pipeline.plan.costs.kv_capacity`.
 
@@ -158,7 +158,7 @@ def dram_tier(model: ModelShape, hw: Hardware, wl: Workload, pred: Prediction, *
         raise ValueError("the DRAM tier sits on decode workers: give a disaggregated prediction")
     if not headroom >= 1:
         raise ValueError(f"DRAM headroom must be >= 1, got {headroom}")
-    tp, x, y = pred.tp, pred.prefill_workers, pred.decode_workers
+    tp, x, y = pred.decode_tp, pred.prefill_workers, pred.decode_workers
     k = model.kv_bytes_per_token
     p, o = wl.mean_prompt, wl.mean_output
     request_bytes, load_bytes = k * (p + o), k * p

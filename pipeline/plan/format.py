@@ -16,7 +16,11 @@ from pipeline.plan.workload import Workload
 def format_plan(p: Plan) -> str:
     """A readable report of :class:`Plan` (what the command prints without ``--json``)."""
     m, hw, wl = p.model, p.hardware, p.workload
-    tp = p.colocated.tp
+    d = p.disaggregated
+    tp = p.colocated.prefill_tp
+    link_tp = min(d.prefill_tp, d.decode_tp) if d is not None else tp
+    per_worker = (f"{tp} per worker" if d is None or d.prefill_tp == d.decode_tp == tp else
+                  f"{tp} per colocated worker, {d.prefill_tp} per prefill and {d.decode_tp} per decode worker")
     lines = [
         f"model      {m.name}: {m.layers} layers, {m.kv_heads} KV heads x {m.head_dim}, "
         f"{m.params:.3g} params, {m.dtype} ({m.weight_bytes / GB:.3g} GB of weights)",
@@ -24,7 +28,7 @@ def format_plan(p: Plan) -> str:
         f"{hw.mem_bw / GB:.4g} GB/s x MBU {hw.mbu:g}, "
         + (f"KV space {hw.kv_cache_bytes / GIB:.3g} GiB" if hw.kv_cache_bytes is not None
            else f"{hw.memory_bytes / GB:.4g} GB") + f", link {hw.link_bw / GB:.4g} GB/s"
-        + (f" + {secs(hw.handoff_s)} per hand-off" if hw.handoff_s else "") + f"; {tp} per worker",
+        + (f" + {secs(hw.handoff_s)} per hand-off" if hw.handoff_s else "") + f"; {per_worker}",
         f"workload   {wl.source}: " + (f"{wl.rate:g} requests/s" if wl.rate is not None else f"batch of {wl.count}")
         + (f", {wl.count} requests" if wl.rate is not None and wl.count else "")
         + f"; prompt mean {wl.mean_prompt:.0f} tokens (p99 {wl.p99_prompt}), output mean {wl.mean_output:.0f}",
@@ -32,7 +36,7 @@ def format_plan(p: Plan) -> str:
         + (f" = {m.kv_dtype}" if m.kv_cache_dtype != m.kv_dtype else "")
         + f", {_plural(m.kv_bytes_per_token // (2 * m.layers * m.kv_heads * m.head_dim), 'byte')} per element); "
         f"{p.colocated.kv_bytes / GIB:.3g} GiB per mean prompt; "
-        f"{secs(kv_transfer_time(p.colocated.kv_bytes, hw, tp))} to move over {tp} x {hw.link_bw / GB:.3g} GB/s",
+        f"{secs(kv_transfer_time(p.colocated.kv_bytes, hw, link_tp))} to move over {link_tp} x {hw.link_bw / GB:.3g} GB/s",
         f"prefill    {secs(p.colocated.prefill_s)} per mean prompt, {secs(p.colocated.prefill_p99_s)} for the p99 one "
         f"({prefill_flops(m, wl.mean_prompt):.3g} FLOPs)",
         "",
@@ -89,7 +93,7 @@ def format_dram(d: DramTier, m: ModelShape, hw: Hardware, wl: Workload) -> str:
     on_node = min(d.decode_workers, d.workers_per_node)
     lines = [
         f"DRAM tier  decode host-DRAM KV pool for {d.prefill_workers}P:{d.decode_workers}D: {d.decode_workers} "
-        f"decode worker{'s' if d.decode_workers > 1 else ''} of {d.tp}, {d.workers_per_node} per "
+        f"decode worker{'s' if d.decode_workers > 1 else ''} of {d.tp} device{'s' if d.tp > 1 else ''}, {d.workers_per_node} per "
         f"{hw.node_devices}-device node, {d.decode_nodes} decode node{'s' if d.decode_nodes > 1 else ''}",
         f"  per request    {wl.mean_prompt + wl.mean_output:.0f} tokens (prompt {wl.mean_prompt:.0f} + output "
         f"{wl.mean_output:.0f}) x {m.kv_bytes_per_token / 1024:.4g} KiB = {_gib(d.request_bytes)}; "

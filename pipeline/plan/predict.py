@@ -29,13 +29,16 @@ class Prediction:
     ``running`` is the concurrency per decode (or colocated) worker; ``itl_s`` the mean
     inter-token gap, ``itl_worst_s`` the longest (colocated: one p99 prefill inside a gap);
     ``stall_fraction`` the share of a colocated worker's gaps that hold a prefill.
-    ``makespan_s`` is set when the workload has a count.
+    ``makespan_s`` is set when the workload has a count. ``prefill_tp`` / ``decode_tp``: devices
+    per prefill (or colocated) / decode worker (a colocated pool's ``decode_tp`` equals its
+    ``prefill_tp``, the pipeline's ``model.prefill_tp``).
     """
 
     mode: str
     prefill_workers: int
     decode_workers: int
-    tp: int
+    prefill_tp: int
+    decode_tp: int
     throughput: float
     prefill_s: float
     prefill_p99_s: float
@@ -55,14 +58,21 @@ class Prediction:
     rows_in_flight: int | None = None
 
     @property
+    def devices(self) -> int:
+        """Devices of the configuration: ``x prefill_tp + y decode_tp`` (colocated: ``w prefill_tp``)."""
+        return self.prefill_workers * self.prefill_tp + self.decode_workers * self.decode_tp
+
+    @property
     def overrides(self) -> str:
         """Hydra overrides that run this configuration."""
         if self.mode == "colocated":
             out = f"pools=colocated pools.prefill={self.prefill_workers}"
         else:
             out = f"pools=disaggregated pools.prefill={self.prefill_workers} pools.decode={self.decode_workers}"
-        if self.tp > 1:
-            out += f" model.prefill_tp={self.tp} model.decode_tp={self.tp}"
+        if self.prefill_tp > 1:
+            out += f" model.prefill_tp={self.prefill_tp}"
+        if self.mode != "colocated" and self.decode_tp > 1:
+            out += f" model.decode_tp={self.decode_tp}"
         return out
 
 
@@ -81,11 +91,15 @@ class PrefillSide:
     handoff_s: float
 
 
-def prefill_side(model: ModelShape, hw: Hardware, wl: Workload, tp: int) -> PrefillSide:
-    """The :class:`PrefillSide` of ``wl`` on a worker of ``tp`` devices."""
+def prefill_side(model: ModelShape, hw: Hardware, wl: Workload, tp: int, decode_tp: int | None = None) -> PrefillSide:
+    """The :class:`PrefillSide` of ``wl`` on a worker of ``tp`` devices handing off to decode
+    workers of ``decode_tp`` (default ``tp``). The KV moves over ``min(tp, decode_tp)`` links:
+    with different TP sizes each device of the smaller pool exchanges its KV heads with
+    ``tp_ratio`` devices of the larger one (vLLM's NIXL connector, ``TransferTopology``), so its
+    one link carries its whole share."""
     services = [prefill_time(model, hw, p, tp) for p in wl.prompt_tokens]
     kv = model.kv_bytes_per_token * wl.mean_prompt
-    transfer = kv_transfer_time(kv, hw, tp)
+    transfer = kv_transfer_time(kv, hw, min(tp, decode_tp or tp))
     return PrefillSide(services, sum(services) / len(services), prefill_time(model, hw, wl.p99_prompt, tp),
                        kv, transfer, transfer + hw.handoff_s)
 
@@ -114,11 +128,15 @@ def fewest_workers(util_at, target: float, start: int = 1, limit: int = 100_000)
 
 def predict(model: ModelShape, hw: Hardware, wl: Workload, mode: str = "disaggregated",
             prefill: int = 1, decode: int = 1, tp: int | None = None,
-            rows_in_flight: int | None = None) -> Prediction:
+            rows_in_flight: int | None = None, *, prefill_tp: int | None = None,
+            decode_tp: int | None = None) -> Prediction:
     """Predict one configuration: ``mode="disaggregated"`` with ``prefill`` x ``decode`` workers,
     or ``mode="colocated"`` with ``prefill`` workers (the pipeline's ``pools.prefill``); ``tp``
-    devices per worker (default :func:`~pipeline.plan.costs.auto_tp`); ``rows_in_flight`` per
-    prefill (or colocated) worker, for a batch (default: unbounded).
+    devices per worker (default :func:`~pipeline.plan.costs.auto_tp`), or each pool its own:
+    ``prefill_tp`` (prefill and colocated workers: prefill FLOP/s scale with it) and
+    ``decode_tp`` (memory bandwidth, FLOP/s and KV capacity of a decode worker scale with it),
+    each defaulting to ``tp``; ``rows_in_flight`` per prefill (or colocated) worker, for a batch
+    (default: unbounded).
 
     With a rate: the steady state at that rate (M/G/1 prefill queue, Little's-law decode
     concurrency; see :mod:`pipeline.plan`); ``makespan_s = (count - 1) / rate + TTFT + E[o] x
@@ -164,21 +182,26 @@ def predict(model: ModelShape, hw: Hardware, wl: Workload, mode: str = "disaggre
     if rows_in_flight is not None and rows_in_flight < 1:
         raise ValueError(f"rows in flight must be >= 1, got {rows_in_flight}")
     tp = tp or auto_tp(model, hw)
-    n_max = _max_running(model, hw, wl, tp)
-    if n_max < 1:
-        raise ValueError(f"{model.name}: the KV cache of one worker ({kv_capacity(model, hw, tp) / GIB:.3g} GiB) "
-                         f"holds less than one request; use more devices per worker (--tp)")
-    pf = prefill_side(model, hw, wl, tp)
     colocated = mode == "colocated"
-    args = (model, hw, wl, pf, prefill, decode, tp, n_max)
+    ptp = prefill_tp or tp
+    dtp = ptp if colocated else decode_tp or tp
+    if ptp < 1 or dtp < 1:
+        raise ValueError(f"TP sizes must be >= 1, got prefill {ptp}, decode {dtp}")
+    n_max = _max_running(model, hw, wl, dtp)
+    if n_max < 1:
+        raise ValueError(f"{model.name}: the KV cache of one {'colocated' if colocated else 'decode'} worker "
+                         f"({kv_capacity(model, hw, dtp) / GIB:.3g} GiB) holds less than one request; use more "
+                         f"devices per worker (--tp, --decode-tp)")
+    pf = prefill_side(model, hw, wl, ptp, dtp)
+    args = (model, hw, wl, pf, prefill, decode, (ptp, dtp), n_max)
     if wl.rate is None:
         batch = _predict_batch_colocated if colocated else _predict_batch_disaggregated
         return batch(*args, rows_in_flight)
     return _predict_rate(*args, colocated)
 
 
-def _predict_rate(model, hw, wl, pf, prefill, decode, tp, n_max, colocated) -> Prediction:
-    rate, ctx, out = wl.rate, wl.decode_context, wl.mean_output
+def _predict_rate(model, hw, wl, pf, prefill, decode, tps, n_max, colocated) -> Prediction:
+    (ptp, tp), rate, ctx, out = tps, wl.rate, wl.decode_context, wl.mean_output
     workers = prefill if colocated else decode
     per_request = pf.mean_s if colocated else max(pf.mean_s, pf.transfer_s)
     prefill_util = rate * per_request / prefill
@@ -213,7 +236,7 @@ def _predict_rate(model, hw, wl, pf, prefill, decode, tp, n_max, colocated) -> P
     makespan = (wl.count - 1) / rate + ttft + out * itl if wl.count is not None else None
     return Prediction(
         mode="colocated" if colocated else "disaggregated", prefill_workers=prefill,
-        decode_workers=0 if colocated else decode, tp=tp, throughput=rate, prefill_s=pf.mean_s,
+        decode_workers=0 if colocated else decode, prefill_tp=ptp, decode_tp=tp, throughput=rate, prefill_s=pf.mean_s,
         prefill_p99_s=pf.p99_s, kv_bytes=pf.kv_bytes, kv_transfer_s=0.0 if colocated else pf.transfer_s,
         prefill_util=prefill_util, queue_wait_s=wait, ttft_s=ttft, running=n, itl_s=itl,
         itl_worst_s=step + pf.p99_s if colocated else step, decode_util=decode_util,
@@ -221,8 +244,8 @@ def _predict_rate(model, hw, wl, pf, prefill, decode, tp, n_max, colocated) -> P
         output_tokens_per_s=rate * out, makespan_s=makespan)
 
 
-def _predict_batch_disaggregated(model, hw, wl, pf, x, y, tp, n_max, rows_in_flight) -> Prediction:
-    count, ctx, out = wl.count, wl.decode_context, wl.mean_output
+def _predict_batch_disaggregated(model, hw, wl, pf, x, y, tps, n_max, rows_in_flight) -> Prediction:
+    (ptp, tp), count, ctx, out = tps, wl.count, wl.decode_context, wl.mean_output
     s, h = pf.mean_s, pf.handoff_s
     spacing = max(pf.mean_s, pf.transfer_s)
     m = count / x
@@ -245,7 +268,7 @@ def _predict_batch_disaggregated(model, hw, wl, pf, x, y, tp, n_max, rows_in_fli
     steady = min(1 / spacing, b / (s + h + dr), y * n / (x * out * step_n))
     ttft, ttft_p50 = batch_ttft(math.ceil(m - 1e-9), math.ceil(b - 1e-9), spacing, h, dr, steady)
     return Prediction(
-        mode="disaggregated", prefill_workers=x, decode_workers=y, tp=tp, throughput=rate,
+        mode="disaggregated", prefill_workers=x, decode_workers=y, prefill_tp=ptp, decode_tp=tp, throughput=rate,
         prefill_s=pf.mean_s, prefill_p99_s=pf.p99_s, kv_bytes=pf.kv_bytes, kv_transfer_s=pf.transfer_s,
         prefill_util=busy_p / makespan, queue_wait_s=ttft - s - h, ttft_s=ttft, running=n_ss,
         itl_s=itl, itl_worst_s=itl,
@@ -254,8 +277,8 @@ def _predict_batch_disaggregated(model, hw, wl, pf, x, y, tp, n_max, rows_in_fli
         rows_in_flight=rows_in_flight)
 
 
-def _predict_batch_colocated(model, hw, wl, pf, w, _decode, tp, n_max, rows_in_flight) -> Prediction:
-    count, ctx, out = wl.count, wl.decode_context, wl.mean_output
+def _predict_batch_colocated(model, hw, wl, pf, w, _decode, tps, n_max, rows_in_flight) -> Prediction:
+    (_, tp), count, ctx, out = tps, wl.count, wl.decode_context, wl.mean_output
     per_worker = count / w
     b = min(rows_in_flight or per_worker, per_worker)
     n = min(n_max, b)
@@ -269,7 +292,7 @@ def _predict_batch_colocated(model, hw, wl, pf, w, _decode, tp, n_max, rows_in_f
     steady = min(1 / (pf.mean_s + out * step / n), b / (pf.mean_s + out * itl))
     ttft, ttft_p50 = batch_ttft(math.ceil(per_worker - 1e-9), math.ceil(b - 1e-9), pf.mean_s, 0.0, out * itl, steady)
     return Prediction(
-        mode="colocated", prefill_workers=w, decode_workers=0, tp=tp, throughput=rate,
+        mode="colocated", prefill_workers=w, decode_workers=0, prefill_tp=tp, decode_tp=tp, throughput=rate,
         prefill_s=pf.mean_s, prefill_p99_s=pf.p99_s, kv_bytes=pf.kv_bytes, kv_transfer_s=0.0,
         prefill_util=rho, queue_wait_s=ttft - pf.mean_s, ttft_s=ttft, running=n, itl_s=itl,
         itl_worst_s=step + pf.p99_s, decode_util=decode_worker_util(model, hw, wl, n, tp),

@@ -58,8 +58,9 @@ class OptionCost:
 
 
 def option_cost(pred: Prediction, prefill_price: float | None, decode_price: float | None) -> OptionCost | None:
-    """The :class:`OptionCost` of ``pred``: ``x tp`` devices at ``prefill_price`` plus ``y tp`` at
-    ``decode_price`` (currency per device-hour; a colocated pool: its ``w tp`` devices at
+    """The :class:`OptionCost` of ``pred``: ``x prefill_tp`` devices at ``prefill_price`` plus
+    ``y decode_tp`` at ``decode_price`` (currency per device-hour; each pool's devices, its
+    workers times its TP size; a colocated pool: its ``w prefill_tp`` devices at
     ``prefill_price``, the caller passes the general price). ``None`` when a needed price is
     missing.
 
@@ -69,7 +70,7 @@ def option_cost(pred: Prediction, prefill_price: float | None, decode_price: flo
     for p in (prefill_price, decode_price):
         if p is not None and p < 0:
             raise ValueError(f"device-hour price must be >= 0, got {p}")
-    x, y = pred.prefill_workers * pred.tp, pred.decode_workers * pred.tp
+    x, y = pred.prefill_workers * pred.prefill_tp, pred.decode_workers * pred.decode_tp
     if prefill_price is None or (y and decode_price is None):
         return None
     per_hour = hourly_price(x, prefill_price) + (hourly_price(y, decode_price) if y else 0.0)

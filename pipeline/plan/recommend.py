@@ -58,7 +58,7 @@ class Plan:
         for key in ("disaggregated", "colocated"):
             p = getattr(self, key)
             if p is not None:
-                d[key] = {**asdict(p), "overrides": p.overrides}
+                d[key] = {**asdict(p), "devices": p.devices, "overrides": p.overrides}
         if self.dram is not None:
             d["dram_tier"] = asdict(self.dram)
         if self.costs:
@@ -79,7 +79,8 @@ def _finite(x):
 def plan(model: ModelShape, hw: Hardware, wl: Workload, *, target_util: float = 0.75,
          itl_target_s: float = 0.1, tp: int | None = None, workers: int = 2,
          tail_quantile: float = 0.99, dram_headroom: float | None = None,
-         rows_in_flight: int | None = None) -> Plan:
+         rows_in_flight: int | None = None, prefill_tp: int | None = None,
+         decode_tp: int | None = None) -> Plan:
     """Size the pools and recommend colocated or disaggregated; with ``dram_headroom`` also size
     the decode host-DRAM KV tier of the disaggregated split (:func:`dram_tier`, ``Plan.dram``).
 
@@ -101,6 +102,12 @@ def plan(model: ModelShape, hw: Hardware, wl: Workload, *, target_util: float = 
     (the pipeline's ``job.batch_rows``; ``None``: unbounded) shapes a batch's TTFT and makespan
     (:func:`~pipeline.plan.predict.predict`).
 
+    Each pool its own shape: ``prefill_tp`` devices per prefill and colocated worker and
+    ``decode_tp`` per decode worker (each defaulting to ``tp``, itself defaulting to
+    :func:`~pipeline.plan.costs.auto_tp`); a pool's rates and KV capacity scale with its TP
+    size (:mod:`pipeline.plan.costs`) and its cost counts all its devices
+    (:mod:`pipeline.plan.price`).
+
     Raises:
         ValueError: ``target_util`` not in (0, 1), ``workers`` < 1, or no split within 100,000
             workers; with ``dram_headroom``: as :func:`dram_tier`, or no split (``workers`` = 1).
@@ -110,12 +117,14 @@ def plan(model: ModelShape, hw: Hardware, wl: Workload, *, target_util: float = 
     if workers < 1:
         raise ValueError(f"workers must be >= 1, got {workers}")
     tp = tp or auto_tp(model, hw)
+    ptp, dtp = prefill_tp or tp, decode_tp or tp
+    shapes = {"prefill_tp": ptp, "decode_tp": dtp}
     notes: list[str] = []
     if wl.rate is None:
-        colo = predict(model, hw, wl, "colocated", workers, tp=tp, rows_in_flight=rows_in_flight)
+        colo = predict(model, hw, wl, "colocated", workers, tp=ptp, rows_in_flight=rows_in_flight)
         dis = None
         if workers >= 2:
-            dis = max((predict(model, hw, wl, "disaggregated", x, workers - x, tp=tp, rows_in_flight=rows_in_flight)
+            dis = max((predict(model, hw, wl, "disaggregated", x, workers - x, rows_in_flight=rows_in_flight, **shapes)
                        for x in range(1, workers)),
                       key=lambda p: p.throughput)
         if dis is not None and dis.makespan_s < colo.makespan_s * (1 - 1e-9):
@@ -131,35 +140,36 @@ def plan(model: ModelShape, hw: Hardware, wl: Workload, *, target_util: float = 
         notes.append(f"batch job: {wl.count} requests, all there at the start, on {workers} "
                      f"worker{'s' if workers > 1 else ''} (--workers); the pools run at full speed")
     else:
-        pf = prefill_side(model, hw, wl, tp)
+        pf = prefill_side(model, hw, wl, ptp, dtp)
+        colo_pf = prefill_side(model, hw, wl, ptp)
         rate = wl.rate
         x = math.ceil(rate * max(pf.mean_s, pf.transfer_s) / target_util * (1 - 1e-12))
         x = max(1, x)
 
         def dec_util(w: int) -> float:
             try:
-                n, _ = decode_concurrency(model, hw, rate / w, wl.mean_output, wl.decode_context, tp)
+                n, _ = decode_concurrency(model, hw, rate / w, wl.mean_output, wl.decode_context, dtp)
             except ValueError:
                 return math.inf
-            return max(decode_worker_util(model, hw, wl, n, tp), rate * pf.transfer_s / w)
+            return max(decode_worker_util(model, hw, wl, n, dtp), rate * pf.transfer_s / w)
 
         def colo_util(w: int) -> float:
-            rho = rate * pf.mean_s / w
+            rho = rate * colo_pf.mean_s / w
             if rho >= 1:
                 return math.inf
             try:
-                n, _ = decode_concurrency(model, hw, rate / w, wl.mean_output, wl.decode_context, tp, 1 / (1 - rho))
+                n, _ = decode_concurrency(model, hw, rate / w, wl.mean_output, wl.decode_context, ptp, 1 / (1 - rho))
             except ValueError:
                 return math.inf
-            return max(rho, decode_worker_util(model, hw, wl, n, tp))
+            return max(rho, decode_worker_util(model, hw, wl, n, ptp))
 
         y = fewest_workers(dec_util, target_util)
         n_colo = fewest_workers(colo_util, target_util)
         if y is None or n_colo is None:
             raise ValueError(f"no pool of up to 100,000 workers keeps {rate:g} requests/s under "
                              f"utilisation {target_util}")
-        dis = predict(model, hw, wl, "disaggregated", x, y, tp=tp)
-        colo = predict(model, hw, wl, "colocated", n_colo, tp=tp)
+        dis = predict(model, hw, wl, "disaggregated", x, y, **shapes)
+        colo = predict(model, hw, wl, "colocated", n_colo, tp=ptp)
         tail = 1 - tail_quantile
         if colo.itl_worst_s <= itl_target_s:
             rec = "colocated"
@@ -178,7 +188,7 @@ def plan(model: ModelShape, hw: Hardware, wl: Workload, *, target_util: float = 
                       f"target in {colo.stall_fraction:.1%} of gaps; disaggregated ITL is {secs(dis.itl_s)}")
             if dis.itl_s > itl_target_s:
                 notes.append(f"disaggregated ITL {secs(dis.itl_s)} also exceeds the target: decode is "
-                             f"bound by reading the weights ({secs(decode_step_time(model, hw, 0, 0, tp))} "
+                             f"bound by reading the weights ({secs(decode_step_time(model, hw, 0, 0, dtp))} "
                              f"per step at best); more decode workers cannot go below that")
     chosen = dis if rec == "disaggregated" else colo
     overrides = chosen.overrides
@@ -186,8 +196,12 @@ def plan(model: ModelShape, hw: Hardware, wl: Workload, *, target_util: float = 
         overrides += f" model.gpu_memory_utilization={hw.mem_fraction:g}"
         notes.append(f"assumes vLLM may use {hw.mem_fraction:.0%} of device memory "
                      f"(the pipeline's default model.gpu_memory_utilization is 0.3)")
-    if tp > 1:
-        notes.append(f"{tp} devices per worker (tensor parallel): weights {model.weight_bytes / GB:.1f} GB")
+    if ptp == dtp > 1:
+        notes.append(f"{ptp} devices per worker (tensor parallel): weights {model.weight_bytes / GB:.1f} GB")
+    elif ptp != dtp:
+        notes.append(f"{ptp} devices per prefill and colocated worker, {dtp} per decode worker (tensor "
+                     f"parallel): weights {model.weight_bytes / GB:.1f} GB; the KV moves over {min(ptp, dtp)} "
+                     f"link{'s' if min(ptp, dtp) > 1 else ''} per hand-off")
     dram = None
     if dram_headroom is not None:
         if dis is None:

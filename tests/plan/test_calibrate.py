@@ -72,3 +72,26 @@ def test_calibrate_from_request_metrics_uses_one_clock(tmp_path):
     # 1 s; latency = mean(1.5 - 1, 1 - 1) = 0.25 s.
     assert hw.link_bw == pytest.approx(2e5)
     assert hw.handoff_s == pytest.approx(0.25)
+
+
+def test_calibrated_rates_are_per_device_of_each_pool(tmp_path):
+    """The run above, made with prefill workers of TP 3 and decode workers of TP 1 (its
+    config.yaml): the FLOP/s a prefill worker reached is three devices' worth, so the profile's
+    is a third of it; the decode and link rates are one device's (min(3, 1) links per hand-off).
+    Predicting that same shape multiplies them back: a prefill of the same prompt takes as long
+    as measured."""
+    import dataclasses
+
+    from pipeline.config import compose, to_yaml
+    from pipeline.plan.costs import prefill_time
+
+    write_request_metrics(tmp_path, "a.parquet", [_record("a.parquet", 0.0, 1.0, 2.5, 12.5)])
+    write_request_metrics(tmp_path, "b.parquet", [_record("b.parquet", 0.0, 2.0, 3.0, 13.0)])
+    cfg = compose(["+job=summarize", "model.prefill_tp=3"])
+    (tmp_path / "config.yaml").write_text(to_yaml(dataclasses.replace(
+        cfg, job=dataclasses.replace(cfg.job, output=str(tmp_path / "output")))))
+    hw = calibrate(tmp_path, TOY, "cpu")
+    assert hw.peak_flops == pytest.approx(1.01e10 / 3)
+    assert hw.mem_bw == pytest.approx(10 * (1e7 + 210_100 * 1.95))
+    assert hw.link_bw == pytest.approx(2e5)
+    assert prefill_time(TOY, hw, 1000, tp=3) == pytest.approx(1.0)  # 1.01e10 FLOPs at 1.01e10 FLOP/s

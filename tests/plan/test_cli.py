@@ -29,12 +29,43 @@ def test_cli_json_llama_70b_on_h100():
     #   2 N L + 2 x 80 x L^2 x 8192 = 1.12228e15 + 8.7961e13 = 1.21024e15 FLOPs
     #   / (4 x 989e12 x 0.5) = 0.6118 s; x = ceil(2.0 x 0.6118 / 0.75) = 2.
     dis = out["disaggregated"]
-    assert dis["tp"] == 4
+    assert dis["prefill_tp"] == dis["decode_tp"] == 4
+    assert dis["devices"] == 4 * (dis["prefill_workers"] + dis["decode_workers"])
     assert dis["prefill_s"] == pytest.approx(0.6118, rel=1e-3)
     assert dis["prefill_workers"] == 2
     assert out["recommendation"] in ("colocated", "disaggregated")
     assert out["overrides"].startswith(f"pools={out['recommendation']} pools.prefill=")
     assert "model.prefill_tp=4 model.decode_tp=4" in out["overrides"]
+
+
+def test_cli_each_pool_its_own_tp_and_every_device_priced():
+    """--prefill-tp 8 --decode-tp 4 on the case above, by hand: the prefill of 8192 tokens takes
+    1.21024e15 FLOPs / (8 x 989e12 x 0.5) = 0.3059 s (twice as fast as at TP 4); x = ceil(2.0 x
+    0.3059 / 0.75) = 1. The KV of a prompt, 8192 x 327,680 B = 2.684e9 B, moves over min(8, 4) =
+    4 links of 50 GB/s (each decode device takes its KV heads from two prefill devices over its
+    own link): 0.01342 s. A decode worker is 4 devices, as before, so the decode side is
+    unchanged. The cost counts each pool's devices: x x 8 + y x 4 at 2.0 per device-hour."""
+    p = _cli("--model", "llama-3.1-70b", "--hardware", "h100", "--prompt-tokens", "8192",
+             "--output-tokens", "256", "--rate", "2.0", "--prefill-tp", "8", "--decode-tp", "4",
+             "--device-hour-price", "2.0", "--json")
+    assert p.returncode == 0, p.stderr
+    out = json.loads(p.stdout)
+    dis, colo = out["disaggregated"], out["colocated"]
+    assert (dis["prefill_tp"], dis["decode_tp"]) == (8, 4)
+    assert dis["prefill_s"] == pytest.approx(0.3059, rel=1e-3)
+    assert dis["prefill_workers"] == 1
+    assert dis["kv_transfer_s"] == pytest.approx(8192 * 327_680 / (4 * 50e9), rel=1e-3)
+    same = json.loads(_cli("--model", "llama-3.1-70b", "--hardware", "h100", "--prompt-tokens", "8192",
+                           "--output-tokens", "256", "--rate", "2.0", "--tp", "4", "--json").stdout)["disaggregated"]
+    assert (dis["decode_workers"], dis["itl_s"]) == (same["decode_workers"], pytest.approx(same["itl_s"]))
+    assert dis["devices"] == 8 * dis["prefill_workers"] + 4 * dis["decode_workers"]
+    assert colo["prefill_tp"] == colo["decode_tp"] == 8 and colo["devices"] == 8 * colo["prefill_workers"]
+    costs = {c["option"]: c for c in out["costs"]}
+    d = costs[f"disaggregated {dis['prefill_workers']}P:{dis['decode_workers']}D"]
+    assert (d["prefill_devices"], d["decode_devices"]) == (8 * dis["prefill_workers"], 4 * dis["decode_workers"])
+    assert d["price_per_hour"] == pytest.approx(2.0 * dis["devices"])
+    if out["recommendation"] == "disaggregated":
+        assert "model.prefill_tp=8 model.decode_tp=4" in out["overrides"]
 
 
 def test_cli_readable_output_and_one_line_errors():

@@ -20,7 +20,7 @@ def _dis_prediction(prefill_workers, decode_workers, *, rate, prefill_s=1.0, tra
     """A disaggregated prediction of the toy model with chosen numbers (so the DRAM tier can be
     worked by hand independently of the pool model)."""
     return Prediction(
-        mode="disaggregated", prefill_workers=prefill_workers, decode_workers=decode_workers, tp=1,
+        mode="disaggregated", prefill_workers=prefill_workers, decode_workers=decode_workers, prefill_tp=1, decode_tp=1,
         throughput=rate or 1.0, prefill_s=prefill_s, prefill_p99_s=prefill_s, kv_bytes=2e5,
         kv_transfer_s=transfer_s, prefill_util=0.5, queue_wait_s=queue_wait_s, ttft_s=ttft_s, running=1.0,
         itl_s=itl_s, itl_worst_s=itl_s, decode_util=0.5, stall_fraction=0.0, output_tokens_per_s=100.0,
