@@ -28,18 +28,21 @@ itself in a temporary directory from CPython standard-library docstrings, PSF Li
    With ``--workloads ...,long``, a third workload in the seeds' regime for P/D: ``--long-rows``
    rows of 3-6K-token documents (prompt:output above 40:1 at 64 new tokens), run with
    ``model.max_model_len=8192`` (so ``offload=auto`` gives the decode DRAM tier).
-   ``--only ...,disaggbefore,disaggpush,disaggsync,disaggasyncload,disaggdram,disagglocal,auto`` adds variants (section 2f, one column
+   ``--only ...,disaggbefore,disaggpush,disaggsync,disaggasyncload,disaggdram,disagglocal,disaggtp3p,disaggtp3d,auto`` adds variants (section 2f, one column
    each beside colocated and the default): ``disaggbefore`` is the pipeline as before issue #17
    (push, the prefill engine with vLLM's async scheduling and empty steps at vLLM's pace),
    ``disaggpush`` is ``transport=nixl_push``, ``disaggsync`` schedules the decode engine in step
    (``async_scheduling`` off), ``disaggasyncload`` loads a hand-off's KV with vLLM's asynchronous
    READ (``transport.sync_kv_load=false``, as before), ``disaggdram`` hands KV off through the decode DRAM
-   tier (``offload=dram``), ``disagglocal`` prefills rows under 512 prompt
+   tier (``offload=dram``), ``disaggtp3p`` / ``disaggtp3d`` run the prefill / decode pool at TP 3
+   (issue #28; its 3 ranks share its worker's core; ``offload=none``, as the DRAM tier takes TP 1
+   only), ``disagglocal`` prefills rows under 512 prompt
    tokens on decode, ``auto`` is ``pools=auto`` over the same 2 workers (what it chose is in the
    table); the table gives each pool's busy fraction (share of the measured
    window with a request running in the engine, :func:`pipeline.report.summary.worker_stats`),
-   the hand-off p50/p99 against the target (NIXL transfer p50 + 2 decode steps p50) and the
-   prefill engine's CPU.
+   the hand-off p50/p99 against the target (NIXL transfer p50 + 2 decode steps p50), the p50 split
+   into NIXL's own transfer time and the rest (messages, waiting for an engine step), the KV bytes
+   and NIXL transfers per request, and the prefill engine's CPU.
 3. **Hand-off overhead** per disaggregated request, from ``RUN_DIR/metrics``: the hand-off
    message (``decode_arrived_at - prefill_end``: ZeroMQ send, HMAC, decode's receive loop) and KV
    transfer + scheduling until the first decode token (``token_times[0] - decode_arrived_at``),
@@ -140,7 +143,8 @@ def main(argv: list[str] | None = None) -> int:
                          "chunks of 512 tokens), disaggbefore (push, prefill engine with async scheduling and "
                          "unpaced idle steps: as before issue #17), disaggpush (transport=nixl_push), disaggsync (decode "
                          "engine without async scheduling), disaggasyncload (transport.sync_kv_load=false), disaggdram (offload=dram), disagglocal "
-                         "(pools.local_prefill_tokens=512), auto (pools=auto); those after disagg are not in the default")
+                         "(pools.local_prefill_tokens=512), disaggtp3p / disaggtp3d (prefill / decode pool at TP 3), auto (pools=auto); "
+                         "those after disagg are not in the default")
     ap.add_argument("--workloads", default="uniform,mixed",
                     help="for coloc2/disagg*: uniform, mixed, long (default uniform,mixed)")
     ap.add_argument("--stall-ms", type=float, default=60.0, help="stall threshold (default 60)")

@@ -33,8 +33,12 @@ for _w in ("uniform", "mixed", "long"):
     CONFIGS[f"disaggsync-{_w}"] = ("disaggsync", _w, "disaggregated, decode engine scheduled in step (no async scheduling)")
     CONFIGS[f"disaggdram-{_w}"] = ("disaggdram", _w, "disaggregated, KV handed off through the decode DRAM tier")
     CONFIGS[f"disaggasyncload-{_w}"] = ("disaggasyncload", _w, "disaggregated, vLLM's asynchronous KV load on decode")
+    # Each pool its own shape (issue #28): one pool at TP 3 (SmolLM2's only TP size above 1), its
+    # 3 ranks on its worker's one core; no DRAM tier (it takes TP 1 only).
+    CONFIGS[f"disaggtp3p-{_w}"] = ("disaggtp3p", _w, "disaggregated, prefill TP 3 + decode TP 1")
+    CONFIGS[f"disaggtp3d-{_w}"] = ("disaggtp3d", _w, "disaggregated, prefill TP 1 + decode TP 3")
 PARTS = {"raw", "coloc", "coloc1", "coloc2", "disagg", "disaggspin", "disaggchunk", "disaggbefore", "disaggpush",
-         "disagglocal", "auto", "disaggsync", "disaggdram", "disaggasyncload"}
+         "disagglocal", "auto", "disaggsync", "disaggdram", "disaggasyncload", "disaggtp3p", "disaggtp3d"}
 WORKLOADS = {"uniform", "mixed", "long"}
 #: Overrides of a workload: the long one needs the model's whole context.
 WORKLOAD_OVERRIDES = {"long": ["model.max_model_len=8192"]}
@@ -49,6 +53,8 @@ VARIANT_OVERRIDES = {
     "disaggsync": ["+model.decode_engine_kwargs.async_scheduling=false"],
     "disaggdram": ["offload=dram"],
     "disaggasyncload": ["transport.sync_kv_load=false"],
+    "disaggtp3p": ["model.prefill_tp=3", "offload=none"],
+    "disaggtp3d": ["model.decode_tp=3", "offload=none"],
 }
 
 

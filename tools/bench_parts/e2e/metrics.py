@@ -69,6 +69,7 @@ def handoff_parts(cols: dict[str, list], steps: dict[str, list] | None = None) -
               if ts for t, p, b in zip(ts, ps, bs)]
         if xs:
             out["nixl_transfers"] = len(xs)
+            out["nixl_bytes_total"] = sum(x[2] for x in xs)
             out["nixl_transfer_p50_s"] = percentile([x[0] for x in xs], 50)
             out["nixl_post_p50_s"] = percentile([x[1] for x in xs], 50)
             out["nixl_bytes_p50"] = percentile([x[2] for x in xs], 50)

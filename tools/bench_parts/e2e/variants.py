@@ -12,7 +12,8 @@ from tools.benchlib.stats import median_of as med, ratio
 from tools.benchlib.tables import fmt, md_table
 
 #: The columns, in this order, where they ran.
-VARIANTS = ("coloc2", "disaggbefore", "disaggpush", "disaggsync", "disaggasyncload", "disagg", "disaggdram", "disagglocal", "auto")
+VARIANTS = ("coloc2", "disaggbefore", "disaggpush", "disaggsync", "disaggasyncload", "disagg", "disaggdram", "disagglocal",
+            "disaggtp3p", "disaggtp3d", "auto")
 
 
 def _busy(r: dict, role: str) -> float | None:
@@ -27,6 +28,21 @@ def _cores(r: dict, suffix: str) -> float:
 def _step(r: dict, role: str, key: str) -> float | None:
     vals = [d.get(key) for w, d in (r.get("steps") or {}).items() if w.startswith(role) and d.get(key) is not None]
     return max(vals) if vals else None
+
+
+def _handoff(r: dict, key: str) -> float | None:
+    return (r.get("handoff") or {}).get(key)
+
+
+def _waiting(r: dict) -> float | None:
+    """The hand-off p50 less the NIXL transfer p50: messages, waiting for an engine step."""
+    total, xfer = r.get("kv_handoff_p50_s"), _handoff(r, "nixl_transfer_p50_s")
+    return None if total is None or xfer is None else total - xfer
+
+
+def _per_request(r: dict, key: str, unit: float = 1.0) -> float | None:
+    h = r.get("handoff") or {}
+    return h[key] / h["requests"] / unit if h.get(key) is not None and h.get("requests") else None
 
 
 def _median(runs: list[dict], f) -> float | None:
@@ -64,6 +80,10 @@ def table_variants(res: dict[str, list[dict]], wl: str) -> tuple[str, dict[str, 
         row("ITL max (ms)", lambda r: r.get("itl_max_s"), "ms"),
         row("hand-off p50 (ms): prefill end -> first decode token", lambda r: r.get("kv_handoff_p50_s"), "ms"),
         row("hand-off p99 (ms)", lambda r: r.get("kv_handoff_p99_s"), "ms"),
+        row("  of the p50: NIXL transfer p50 (ms)", lambda r: _handoff(r, "nixl_transfer_p50_s"), "ms"),
+        row("  of the p50: the rest, waiting (ms)", lambda r: _waiting(r), "ms"),
+        row("KV moved per request (MB)", lambda r: _per_request(r, "nixl_bytes_total", 1e6)),
+        row("NIXL transfers per request", lambda r: _per_request(r, "nixl_transfers")),
         ["hand-off target (ms): NIXL transfer p50 + 2 decode steps p50"] +
         ["" if n == "coloc2" else fmt(handoff_target(runs[n]), "ms") for n in names],
         row("decode step p50 (ms), steps that computed tokens", lambda r: _step(r, "decode", "token_step_p50_s"), "ms"),
