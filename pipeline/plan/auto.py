@@ -4,7 +4,8 @@ own input and machine, before any worker starts.
 The workers to place are ``pools.prefill + pools.decode`` (the local launcher gives each its
 share of the cores; on Slurm each is a node's worth of ``cluster.*``), each pool's workers of its
 own TP size (``model.prefill_tp``, ``model.decode_tp``: a worker of TP n counts n devices, its
-rates and KV capacity scale with n). The planner compares them
+rates and KV capacity scale with n; on a CPU profile, where a worker's ranks share its cores,
+each worker counts as one, :attr:`~pipeline.plan.hardware.Hardware.ranks_share_cores`). The planner compares them
 colocated with every xP:yD split of them, as a batch job with ``job.batch_rows`` rows in flight
 per worker, on:
 
@@ -129,8 +130,9 @@ def choose_pools(cfg: Config, shards: list, total_rows: int) -> tuple[Config, Po
     out = cfg.job.sampling.max_new_tokens
     wl = Workload(tuple(lengths), (out,), None, max(total_rows, 1), source="job.input")
     workers = cfg.pools.prefill + cfg.pools.decode
-    p = plan(model, hw, wl, workers=workers, rows_in_flight=cfg.job.batch_rows,
-             prefill_tp=cfg.model.prefill_tp, decode_tp=cfg.model.decode_tp)
+    # On a CPU profile a worker's TP ranks share its cores: each worker counts as one device.
+    ptp, dtp = (1, 1) if hw.ranks_share_cores else (cfg.model.prefill_tp, cfg.model.decode_tp)
+    p = plan(model, hw, wl, workers=workers, rows_in_flight=cfg.job.batch_rows, prefill_tp=ptp, decode_tp=dtp)
     p.notes = [n.replace(" (--workers)", " (pools.prefill + pools.decode)") for n in p.notes]
     options = {"colocated": _figures(p.colocated)}
     if p.disaggregated is not None:
@@ -146,7 +148,7 @@ def choose_pools(cfg: Config, shards: list, total_rows: int) -> tuple[Config, Po
         d = p.disaggregated
         choice.prefill, choice.decode = d.prefill_workers, d.decode_workers
         choice.local_prefill_tokens = cfg.pools.local_prefill_tokens or local_prefill_threshold(
-            model, hw, cfg.model.max_model_len, cfg.model.prefill_tp, cfg.model.decode_tp)
+            model, hw, cfg.model.max_model_len, ptp, dtp)
     pools = dataclasses.replace(cfg.pools, mode=choice.mode, prefill=choice.prefill, decode=choice.decode,
                                 local_prefill_tokens=choice.local_prefill_tokens)
     return dataclasses.replace(cfg, pools=pools), choice

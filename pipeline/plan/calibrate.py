@@ -229,11 +229,13 @@ def calibrate(run_or_output: str | os.PathLike, model: ModelShape | None = None,
     (Python, scheduling) are folded into the fitted rates. The rates are per worker as that run
     placed them: the local launcher splits the cores among the workers (a 1P:1D run on 2 cores
     gives each one core, a colocated x1 run both), so calibrate from a run laid out like the one
-    to predict. They are then divided per device by the run's TP sizes (its ``config.yaml``):
-    FLOP/s by ``model.prefill_tp`` (the prefill or colocated workers), memory bytes/s by
-    ``model.decode_tp`` (colocated: ``prefill_tp``), link bytes/s by the smaller of the two (the
-    links a hand-off uses, :func:`pipeline.plan.predict.prefill_side`), as the planner
-    multiplies them back by each pool's TP size.
+    to predict. On a device profile (``base`` not a CPU one, see
+    :attr:`~pipeline.plan.hardware.Hardware.ranks_share_cores`) they are then divided per device
+    by the run's TP sizes (its ``config.yaml``): FLOP/s by ``model.prefill_tp`` (the prefill or
+    colocated workers), memory bytes/s by ``model.decode_tp`` (colocated: ``prefill_tp``), link
+    bytes/s by the smaller of the two (the links a hand-off uses,
+    :func:`pipeline.plan.predict.prefill_side`), as the planner multiplies them back by each
+    pool's TP size. On a CPU profile they stay per worker: its ranks share its cores.
 
     ``model`` defaults to the run's (its ``config.yaml``).
 
@@ -261,7 +263,7 @@ def calibrate(run_or_output: str | os.PathLike, model: ModelShape | None = None,
         raise ValueError(f"{run_or_output}: no rows with prefill and decode timings to calibrate from")
     link = dram_write_rate(run_dir_of(run_or_output)) or (kv_moved / handoff_busy if handoff_busy > 0 else base.link_bw)
     latency = max(0.0, sum(r["hand"] - k * r["p"] / link for r in hand) / len(hand)) if hand else base.handoff_s
-    ptp, dtp = _tp_sizes(run_or_output)
+    ptp, dtp = (1, 1) if base.ranks_share_cores else _tp_sizes(run_or_output)
     return replace(base, name=f"{base.name} calibrated on {run_or_output}", peak_flops=flops / prefill_busy / ptp,
                    mfu=1.0, mem_bw=dec_bytes / dec_time / dtp, mbu=1.0,
                    link_bw=link / min(ptp, dtp) if hand else link, handoff_s=latency)

@@ -43,6 +43,14 @@ class Hardware:
     node_dram_bytes: float | None = None
     handoff_s: float = 0.0
 
+    @property
+    def ranks_share_cores(self) -> bool:
+        """A CPU profile (a fixed KV space, vLLM's CPU backend): a worker's TP ranks run on the
+        worker's own cores, so its TP size adds no compute and no bandwidth. Measured on the
+        2-core machine: a pool at TP 3, its ranks on one core, ran at 0.38x (prefill) and 0.24x
+        (decode) the output tokens/s of TP 1 (BENCHMARKS.md, "Each pool its own TP")."""
+        return self.kv_cache_bytes is not None
+
 
 HARDWARE: dict[str, Hardware] = {
     # NVIDIA H100 SXM datasheet: 989 TFLOP/s bf16 dense, 3.35 TB/s HBM3, 80 GB; one 400 Gb/s

@@ -196,6 +196,10 @@ def plan(model: ModelShape, hw: Hardware, wl: Workload, *, target_util: float = 
         overrides += f" model.gpu_memory_utilization={hw.mem_fraction:g}"
         notes.append(f"assumes vLLM may use {hw.mem_fraction:.0%} of device memory "
                      f"(the pipeline's default model.gpu_memory_utilization is 0.3)")
+    if hw.ranks_share_cores and max(ptp, dtp) > 1:
+        notes.append(f"{hw.name} is a CPU profile: the rates above scale with each pool's TP as if every rank had "
+                     f"its own device, but vLLM's CPU backend runs a worker's ranks on the worker's own cores, "
+                     f"where TP above 1 is slower than TP 1 (BENCHMARKS.md)")
     if ptp == dtp > 1:
         notes.append(f"{ptp} devices per worker (tensor parallel): weights {model.weight_bytes / GB:.1f} GB")
     elif ptp != dtp:

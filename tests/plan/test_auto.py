@@ -71,6 +71,33 @@ def test_choice_is_the_planners_answer_for_the_input():
     assert set(choice.options) == {"colocated", "disaggregated"}
 
 
+def test_each_pools_tp_reaches_the_planner_on_devices_and_not_on_cpu():
+    """pools=auto with model.prefill_tp=8 / model.decode_tp=4 on the h100 profile is the
+    planner's answer for those shapes (the options say so, and their devices count 8 per prefill
+    and 4 per decode worker); on the cpu profile a worker's ranks share its cores, so the choice
+    is the one for TP 1 (measured here: TP 3 on one core is slower than TP 1)."""
+    from pipeline.io.shards import list_shards
+    from pipeline.plan.hardware import hardware
+    from pipeline.plan.model import load_model
+    from pipeline.plan.recommend import plan
+    from pipeline.plan.workload import workload_from_input
+
+    base = ["+job=summarize", f"job.input={SAMPLE}", "pools=auto", "pools.prefill=2", "pools.decode=2",
+            "model.prefill_tp=8", "model.decode_tp=4"]
+    model = load_model("smollm2-135m")
+    wl = workload_from_input(str(SAMPLE), model)
+    for name, tps in (("h100", (8, 4)), ("cpu", (1, 1))):
+        cfg = compose([*base, f"pools.hardware={name}"])
+        _, choice = choose_pools(cfg, list_shards(cfg.job.input), 24)
+        want = plan(model, hardware(name), wl, workers=4, rows_in_flight=cfg.job.batch_rows,
+                    prefill_tp=tps[0], decode_tp=tps[1])
+        assert choice.mode == want.recommendation, name
+        d = choice.options["disaggregated"]
+        assert (d["prefill_tp"], d["decode_tp"]) == tps, name
+        assert d["devices"] == tps[0] * d["prefill_workers"] + tps[1] * d["decode_workers"], name
+        assert d["makespan_s"] == pytest.approx(want.disaggregated.makespan_s), name
+
+
 def test_input_with_no_usable_row_is_refused_in_one_line(tmp_path):
     d = tmp_path / "in"
     d.mkdir()

@@ -75,11 +75,12 @@ def test_calibrate_from_request_metrics_uses_one_clock(tmp_path):
 
 
 def test_calibrated_rates_are_per_device_of_each_pool(tmp_path):
-    """The run above, made with prefill workers of TP 3 and decode workers of TP 1 (its
-    config.yaml): the FLOP/s a prefill worker reached is three devices' worth, so the profile's
-    is a third of it; the decode and link rates are one device's (min(3, 1) links per hand-off).
-    Predicting that same shape multiplies them back: a prefill of the same prompt takes as long
-    as measured."""
+    """The run above, made on GPUs (an h100 profile to fit) with prefill workers of TP 3 and
+    decode workers of TP 1 (its config.yaml): the FLOP/s a prefill worker reached is three
+    devices' worth, so the profile's is a third of it; the decode and link rates are one
+    device's (min(3, 1) links per hand-off). Predicting that same shape multiplies them back: a
+    prefill of the same prompt takes as long as measured. Fitted to the cpu profile, where a
+    worker's ranks share its cores, the rates stay per worker."""
     import dataclasses
 
     from pipeline.config import compose, to_yaml
@@ -90,7 +91,8 @@ def test_calibrated_rates_are_per_device_of_each_pool(tmp_path):
     cfg = compose(["+job=summarize", "model.prefill_tp=3"])
     (tmp_path / "config.yaml").write_text(to_yaml(dataclasses.replace(
         cfg, job=dataclasses.replace(cfg.job, output=str(tmp_path / "output")))))
-    hw = calibrate(tmp_path, TOY, "cpu")
+    assert calibrate(tmp_path, TOY, "cpu").peak_flops == pytest.approx(1.01e10)
+    hw = calibrate(tmp_path, TOY, "h100")
     assert hw.peak_flops == pytest.approx(1.01e10 / 3)
     assert hw.mem_bw == pytest.approx(10 * (1e7 + 210_100 * 1.95))
     assert hw.link_bw == pytest.approx(2e5)
