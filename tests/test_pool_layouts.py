@@ -30,6 +30,8 @@ def _check(*overrides: str, hf=SMOLLM2) -> None:
     (PULL, "cluster.gpus_per_task=1", "model.block_size=16", "model.decode_block_size=64"),  # prefill falls back
     (PUSH, "model.prefill_block_size=64", "model.decode_block_size=64"),
     ("pools=colocated", "model.block_size=64"),
+    # the DRAM tier with TP on CPU workers: each rank its own heads' bytes of a block
+    ("offload=dram", "model.prefill_tp=3"), ("offload=dram", "model.decode_tp=3"),
 ])
 def test_shapes_the_connector_carries_are_accepted(overrides):
     _check(*overrides)
@@ -101,3 +103,15 @@ def test_a_workers_cores_are_dealt_out_among_its_tp_ranks():
     assert omp_bind("0-3", 2) == "0,1|2,3"
     assert omp_bind("0-4", 2) == "0,1,2|3,4"
     assert omp_bind("4,6-8", 3) == "4,6|7|8"
+
+
+@pytest.mark.parametrize("overrides,words", [
+    (("offload=dram", "model.prefill_tp=3", "cluster.gpus_per_task=1"),
+     ["model.prefill_tp=3 and model.decode_tp=1 with the DRAM tier", "heads innermost", "offload=none"]),
+    (("offload=dram", "model.prefill_tp=9"), ["above the model's 3 KV heads", "at most 3"]),
+])
+def test_dram_tier_shapes_it_cannot_hold_are_refused(overrides, words):
+    with pytest.raises(ConfigError) as e:
+        _check(*overrides)
+    for w in words:
+        assert w in str(e.value), str(e.value)

@@ -35,8 +35,8 @@ itself in a temporary directory from CPython standard-library docstrings, PSF Li
    (``async_scheduling`` off), ``disaggasyncload`` loads a hand-off's KV with vLLM's asynchronous
    READ (``transport.sync_kv_load=false``, as before), ``disaggdram`` hands KV off through the decode DRAM
    tier (``offload=dram``), ``disaggtp3p`` / ``disaggtp3d`` run the prefill / decode pool at TP 3
-   (issue #28; its 3 ranks share its worker's core; ``offload=none``, as the DRAM tier takes TP 1
-   only), ``disagglocal`` prefills rows under 512 prompt
+   (issue #28; its 3 ranks share its worker's core; ``offload=none``, the shapes without the
+   tier), ``disagglocal`` prefills rows under 512 prompt
    tokens on decode, ``auto`` is ``pools=auto`` over the same 2 workers (what it chose is in the
    table); the table gives each pool's busy fraction (share of the measured
    window with a request running in the engine, :func:`pipeline.report.summary.worker_stats`),

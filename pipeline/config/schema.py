@@ -260,10 +260,6 @@ class Config:
 
     def __post_init__(self) -> None:
         _check(self.run.stall_ms > 0, "run.stall_ms", f"must be > 0, got {self.run.stall_ms}")
-        if self.pools.mode != "colocated" and self.offload.dram(self.model.max_model_len):
-            _check(self.model.prefill_tp == 1 and self.model.decode_tp == 1, "offload.mode",
-                   "the DRAM tier supports TP 1 only for now; set offload=none for "
-                   f"model.prefill_tp={self.model.prefill_tp} / model.decode_tp={self.model.decode_tp}")
 
 
 def register() -> None:

@@ -24,6 +24,12 @@ until the decode role process sees the request finish.
 per prompt block) and ``dram_pool`` (``path`` of the pool file, ``num_slots``); the engine maps
 the pool on its first load.
 
+Tensor parallelism: the pool holds every KV head of a block (:mod:`pipeline.engine.dram_pool`);
+each rank of a TP-``n`` engine writes (prefill) or reads (decode) its own heads' part of each
+slot (:meth:`~pipeline.engine.dram_pool.BlockRegions.shard`), and each prefill rank sends its
+own completion notification, so the decode role process waits for ``model.prefill_tp`` of them.
+vLLM reports a prefill request's blocks free once every rank's write is done.
+
 Statistics (``get_kv_connector_stats``, recorded per step in the worker metrics, see
 :data:`pipeline.io.metrics.KV_STAT_COLUMNS`). Prefill, per completed write (NIXL's field names,
 seconds and bytes): ``post_duration``, ``transfer_duration``, ``bytes_transferred``,
@@ -132,6 +138,7 @@ class DramTierConnector(KVConnectorBase_V1):
         self._idle = idle_steps(vllm_config, role)
         # worker side
         self._kv: BlockRegions | None = None
+        self._tp_rank, self._tp = 0, 1  # this worker's TP rank and the engine's TP size
         self._pool: BlockRegions | None = None
         self._pool_path: str | None = None
         self._agent = None
@@ -205,7 +212,10 @@ class DramTierConnector(KVConnectorBase_V1):
     # ---------------------------------------------------------------- worker side
 
     def register_kv_caches(self, kv_caches: dict[str, "torch.Tensor"]):
+        from vllm.distributed.parallel_state import get_tensor_model_parallel_rank, get_tensor_model_parallel_world_size
+
         self._kv = BlockRegions.from_kv_caches(kv_caches, self._kv_cache_config.num_blocks)
+        self._tp_rank, self._tp = get_tensor_model_parallel_rank(), get_tensor_model_parallel_world_size()
         if self.producer:
             from nixl._api import nixl_agent, nixl_agent_config
 
@@ -226,10 +236,11 @@ class DramTierConnector(KVConnectorBase_V1):
 
         import torch
 
-        size = num_slots * self._kv.slot_bytes
+        slot_bytes = self._kv.slot_bytes * self._tp  # every KV head; this rank holds 1 / tp of them
+        size = num_slots * slot_bytes
         if os.path.getsize(path) != size:
             raise RuntimeError(f"DRAM tier {path} holds {os.path.getsize(path)} bytes, not {num_slots} slots x "
-                               f"{self._kv.slot_bytes} bytes of this engine's KV blocks")
+                               f"{slot_bytes} bytes of this engine's KV blocks ({self._tp} TP ranks)")
         tensor = torch.from_file(path, shared=True, size=size, dtype=torch.uint8)
         if self._kv.views[0].is_cuda:
             # Pin the pool so that loads are DMA, not staged through pageable memory.
@@ -239,7 +250,8 @@ class DramTierConnector(KVConnectorBase_V1):
                             "memory", path, err)
             else:  # tools/gpu_dram_check.py looks for this line
                 log.info("DRAM tier %s pinned with cudaHostRegister: %d bytes", path, size)
-        self._pool = BlockRegions.pool(tensor.data_ptr(), self._kv.slot_bytes, len(self._kv.bases), num_slots, tensor)
+        self._pool = BlockRegions.pool(tensor.data_ptr(), slot_bytes, len(self._kv.bases), num_slots,
+                                       tensor).shard(self._tp_rank, self._tp)
         self._pool_tensor, self._pool_path = tensor, path
 
     def bind_connector_metadata(self, connector_metadata: KVConnectorMetadata) -> None:
@@ -309,7 +321,8 @@ class DramTierConnector(KVConnectorBase_V1):
         name = pool["agent"]
         if name not in self._remotes:
             self._remotes[name] = self._agent.add_remote_agent(base64.b64decode(pool["metadata"]))
-        dst = BlockRegions.pool(int(pool["base"]), int(pool["slot_bytes"]), len(self._kv.bases), int(pool["num_slots"]))
+        dst = BlockRegions.pool(int(pool["base"]), int(pool["slot_bytes"]), len(self._kv.bases),
+                                int(pool["num_slots"])).shard(self._tp_rank, self._tp)
         slots = list(pool["slots"])[:len(send.block_ids)]
         src_rows, dst_rows = descriptors(self._kv, send.block_ids, dst, slots)
         t0 = time.perf_counter()

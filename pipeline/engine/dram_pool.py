@@ -14,6 +14,14 @@ vLLM keeps each layer's KV as one or two *regions* (K and V apart, or together) 
 so a request whose blocks and slots are both consecutive moves as ``R`` descriptors, not
 ``R x blocks``.
 
+With tensor parallelism the pool keeps this layout, every KV head in each slot: an engine of TP
+``n`` holds ``1/n`` of the KV heads on each rank, and rank ``r`` writes or reads bytes ``[r b / n,
+(r + 1) b / n)`` of every slot's block in each region (:meth:`BlockRegions.shard`). That is its
+heads' part where a block is laid out head by head, as vLLM's CPU attention lays it out
+(``[num_blocks, num_kv_heads, block_size, 2 x head_size]`` per layer); so pools of different TP
+sizes meet in the pool, each side its own shards. A shard's blocks are not contiguous (they lie
+one slot apart), so its descriptors are one per block and region.
+
 The pool is a file in ``/dev/shm`` so that two processes map it: the decode role process owns it
 (allocates slots, registers it with NIXL, receives the prefill workers' completion notifications)
 and the engine core copies from it.
@@ -45,13 +53,38 @@ class BlockRegions:
     block ``i`` of region ``r`` starts at byte address ``bases[r] + i * block_bytes``.
 
     ``views`` (optional) are the same regions as ``(num_blocks, block_bytes)`` uint8 tensors,
-    for local copies."""
+    for local copies. ``stride``: bytes from one block to the next (0: ``block_bytes``, the
+    blocks are contiguous; a :meth:`shard`'s are a whole block apart)."""
 
     bases: list[int]
     block_bytes: int
     num_blocks: int
     views: list["torch.Tensor"] | None = None
     device_id: int = 0
+    stride: int = 0
+
+    @property
+    def block_stride(self) -> int:
+        """Bytes from the start of one block to the next."""
+        return self.stride or self.block_bytes
+
+    def shard(self, rank: int, tp: int) -> "BlockRegions":
+        """The part of every block that TP rank ``rank`` of ``tp`` holds: bytes ``[rank x
+        block_bytes / tp, (rank + 1) x block_bytes / tp)`` of each (its KV heads, in a block laid
+        out head by head; see the module doc). ``tp == 1``: these regions themselves.
+
+        Raises:
+            ValueError: the block does not split into ``tp`` equal parts.
+        """
+        if tp == 1:
+            return self
+        if self.block_bytes % tp or not 0 <= rank < tp:
+            raise ValueError(f"a KV block of {self.block_bytes} bytes does not split into rank {rank} of {tp}")
+        part = self.block_bytes // tp
+        off = rank * part
+        views = [v[:, off:off + part] for v in self.views] if self.views is not None else None
+        return BlockRegions([b + off for b in self.bases], part, self.num_blocks, views, self.device_id,
+                            stride=self.block_stride)
 
     @property
     def slot_bytes(self) -> int:
@@ -135,10 +168,15 @@ def descriptors(src: BlockRegions, src_blocks: list[int], dst: BlockRegions,
         raise ValueError(f"KV layouts differ: {len(src.bases)} regions x {src.block_bytes} B here, "
                          f"{len(dst.bases)} x {dst.block_bytes} B at the destination; prefill and decode "
                          "must run the same model, dtype and block size")
-    rr = runs(src_blocks, dst_blocks)
     b = src.block_bytes
-    s_rows = [(sb + s * b, n * b, src.device_id) for sb in src.bases for s, _, n in rr]
-    d_rows = [(db + d * b, n * b, dst.device_id) for db in dst.bases for _, d, n in rr]
+    if src.block_stride == b and dst.block_stride == b:
+        rr = runs(src_blocks, dst_blocks)
+    else:  # a shard's blocks lie a whole block apart: one row per block
+        if len(src_blocks) != len(dst_blocks):
+            raise ValueError(f"{len(src_blocks)} source blocks for {len(dst_blocks)} destination blocks")
+        rr = [(s, d, 1) for s, d in zip(src_blocks, dst_blocks)]
+    s_rows = [(sb + s * src.block_stride, n * b, src.device_id) for sb in src.bases for s, _, n in rr]
+    d_rows = [(db + d * dst.block_stride, n * b, dst.device_id) for db in dst.bases for _, d, n in rr]
     return np.array(s_rows, dtype=np.int64).reshape(-1, 3), np.array(d_rows, dtype=np.int64).reshape(-1, 3)
 
 
@@ -162,13 +200,16 @@ class DramPool:
     """The decode role process's side of the tier: the shared-memory file, its NIXL registration,
     a slot allocator that counts KV blocks (not requests), and completion notifications.
 
-    ``nbytes`` is rounded down to whole slots of ``slot_bytes`` (one KV block, all layers).
+    ``nbytes`` is rounded down to whole slots of ``slot_bytes`` (one KV block, all layers, every
+    KV head). ``writers``: the completion notifications a request's KV arrives with, one per
+    rank of the prefill engines (``model.prefill_tp``: each rank writes its own KV heads).
 
     Raises:
         ValueError: the pool holds no slot at all.
     """
 
-    def __init__(self, path: Path, nbytes: int, slot_bytes: int, agent_name: str, progress_delay_us: int):
+    def __init__(self, path: Path, nbytes: int, slot_bytes: int, agent_name: str, progress_delay_us: int,
+                 writers: int = 1):
         import torch
         from nixl._api import nixl_agent, nixl_agent_config
 
@@ -199,8 +240,10 @@ class DramPool:
         self.use: list[tuple[float, int]] = [(time.time(), 0)]
         self.peak_slots, self._changes, self._stride, self._latest = 0, 0, 1, self.use[0]
         self._freed = asyncio.Condition()
+        self.writers = writers
         self._arrived: dict[str, asyncio.Event] = {}
-        self._early: set[str] = set()  # notifications that came before anyone waited
+        self._notified: dict[str, int] = {}  # request id -> notifications so far, until all writers'
+        self._early: set[str] = set()  # requests whose KV arrived whole before anyone waited
 
     def describe(self) -> dict:
         """What a prefill worker needs to write into this pool (goes in ``kv_transfer_params``)."""
@@ -254,7 +297,8 @@ class DramPool:
                 "use": [list(u) for u in points]}
 
     async def arrived(self, request_id: str, timeout_s: float) -> None:
-        """Wait for the prefill worker's notification that ``request_id``'s KV is in the pool.
+        """Wait for the prefill worker's notifications (one per rank of its engine) that
+        ``request_id``'s KV is in the pool.
 
         Raises:
             TimeoutError: none within ``timeout_s`` seconds."""
@@ -276,6 +320,11 @@ class DramPool:
             for msgs in self.agent.get_new_notifs().values():
                 for m in msgs:
                     rid = m.decode()
+                    seen = self._notified.get(rid, 0) + 1
+                    if seen < self.writers:
+                        self._notified[rid] = seen
+                        continue
+                    self._notified.pop(rid, None)
                     ev = self._arrived.get(rid)
                     if ev is not None:
                         ev.set()

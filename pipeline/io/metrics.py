@@ -64,6 +64,11 @@ prompt_tokens_computed int32   prompt tokens computed in the step (not cached, n
 preempted           int32      requests preempted in the step
 ==================  =========  ============================================================
 
+The ``kv_*`` lists hold one entry per TP rank that did the work: between pools of different TP
+sizes each rank of the larger pool moves its own KV heads (3 transfers of a third of the bytes
+each between TP 3 and TP 1), and with the DRAM tier each rank of an engine of TP n records its own
+write or load (n entries per request, each of all its tokens, a 1/n share of the bytes).
+
 vLLM's prefix-cache hit rate of a worker = sum(prefix_cache_hits) / sum(prefix_cache_queries).
 
 ``RUN_DIR/metrics/dram/<worker id>.<pid>.json`` (``offload=dram``, one per decode worker process,

@@ -25,7 +25,10 @@ The rules are those of vLLM 0.32's NIXL connector and engine (the pinned version
   one of the 24 sample rows differed from colocated generation from its first token, with no
   error anywhere.
 - The DRAM tier (``offload=dram``, this project's connector) holds the KV in blocks of one size:
-  both pools must use it.
+  both pools must use it. It holds every KV head of a block, and each TP rank writes or reads its
+  own heads' bytes of it (:mod:`pipeline.engine.dram_pool`), which needs a block laid out head by
+  head (vLLM's CPU attention; on GPUs the heads are innermost) and no replicated KV heads (a TP
+  size at most the model's KV heads).
 - vLLM's attention kernel on CPU takes block sizes that are multiples of 32
   (``CPUAttentionBackend.get_supported_kernel_block_sizes``).
 
@@ -90,11 +93,21 @@ def check_pool_layouts(cfg: Config, hf: dict[str, Any] | None) -> None:
                     f"(TP sizes that work here: {', '.join(map(str, _tp_sizes(heads, kv_heads)))})")
     if roles == ("colocated",):
         return
+    tps = {r: cfg.model.tp_of(r) for r in ("prefill", "decode")}
+    if cfg.offload.dram(cfg.model.max_model_len) and max(tps.values()) > 1:
+        both = f"{_setting(cfg, 'prefill', 'tp')} and {_setting(cfg, 'decode', 'tp')}"
+        if gpu:
+            raise ConfigError(f"{both} with the DRAM tier (offload=dram, or offload=auto at this context): each TP "
+                              "rank writes its own KV heads' bytes of a block, which on GPU workers lie spread through "
+                              "the block (heads innermost); use TP 1 for both pools with the tier, or offload=none")
+        if kv_heads and max(tps.values()) > kv_heads:
+            raise ConfigError(f"{both} with the DRAM tier: a TP size above the model's {kv_heads} KV heads "
+                              "replicates them over ranks, which the tier's one layout does not take; lower it "
+                              f"to at most {kv_heads}, or offload=none")
     builder = BUILDER.get(cfg.transport.connector, "decode")
     peer = "prefill" if builder == "decode" else "decode"
     reads = "READs" if builder == "decode" else "WRITEs"
     how = f"with transport.connector={cfg.transport.connector} ({builder} {reads})"
-    tps = {r: cfg.model.tp_of(r) for r in ("prefill", "decode")}
     if max(tps.values()) % min(tps.values()):
         raise ConfigError(f"{_setting(cfg, 'prefill', 'tp')} and {_setting(cfg, 'decode', 'tp')}: the larger TP size "
                           "must be a multiple of the smaller, so that each rank's KV heads come from whole ranks of "

@@ -95,7 +95,7 @@ class DecodeServer:
             self.pool = DramPool(pool_path(run.path, rank), int(cfg.offload.dram_gib * 2**30),
                                  block_size * model_kv_bytes_per_token(cfg),
                                  f"pd-decode{rank}-{os.getpid()}-{int(time.time())}",
-                                 cfg.transport.nixl_progress_delay_us)
+                                 cfg.transport.nixl_progress_delay_us, writers=cfg.model.prefill_tp)
             self.dram_capacity = self.pool.num_slots * block_size
             self.polling = asyncio.create_task(self.pool.poll_notifications())
         # Publishing (again, after a requeue) is what lets prefill workers find this rank;

@@ -64,6 +64,43 @@ def test_copy_blocks_round_trip_through_a_pool():
             assert not out[k][kvi, 1].any()
 
 
+def test_pools_of_different_tp_meet_in_the_pool_each_rank_its_heads():
+    """A TP-3 engine's ranks each hold 1 of 3 KV heads of a block laid out head by head
+    ([blocks, heads, block_size, head_size], vLLM's CPU attention); each writes its shard into a
+    pool that holds every head, and a TP-1 engine reads back the whole blocks, byte for byte
+    those of a TP-1 engine that held all three heads. Then the reverse: TP 1 writes, 3 ranks
+    read their own heads. Descriptors of a shard are per block (its blocks are a slot apart)."""
+    heads, blocks, tokens, dim = 3, 5, 4, 2
+    whole = {f"l{i}": torch.arange(blocks * heads * tokens * dim, dtype=torch.float32).reshape(
+        blocks, heads, tokens, dim) + 1000 * i for i in range(2)}
+    ranks = [{k: v[:, r:r + 1].contiguous() for k, v in whole.items()} for r in range(heads)]
+    slot = BlockRegions.from_kv_caches(whole, blocks).slot_bytes
+    pool_t = torch.zeros(4 * slot, dtype=torch.uint8)
+    pool = BlockRegions.pool(pool_t.data_ptr(), slot, 2, 4, pool_t)
+    for r, kv in enumerate(ranks):
+        copy_blocks(BlockRegions.from_kv_caches(kv, blocks), [1, 3], pool.shard(r, heads), [2, 0])
+    out = {k: torch.zeros_like(v) for k, v in whole.items()}
+    copy_blocks(pool, [2, 0], BlockRegions.from_kv_caches(out, blocks), [0, 4])
+    for k in whole:
+        assert torch.equal(out[k][0], whole[k][1]) and torch.equal(out[k][4], whole[k][3])
+        assert not out[k][1:4].any()
+    back = [{k: torch.zeros_like(v) for k, v in kv.items()} for kv in ranks]
+    for r, kv in enumerate(back):
+        copy_blocks(pool.shard(r, heads), [0, 2], BlockRegions.from_kv_caches(kv, blocks), [3, 1])
+        for k in whole:
+            assert torch.equal(kv[k][1, 0], whole[k][1, r]) and torch.equal(kv[k][3, 0], whole[k][3, r])
+    # NIXL rows of rank 1 writing blocks [1, 2] (consecutive) into slots [2, 3]: one row per
+    # block and region, 32 B each (a third of a 96-B block), at 32 B into each slot.
+    src = BlockRegions([1000, 5000], 32, blocks)
+    dst = BlockRegions.pool(10_000, 2 * 96, 2, 4).shard(1, 3)
+    s, d = descriptors(src, [1, 2], dst, [2, 3])
+    np.testing.assert_array_equal(s, [[1032, 32, 0], [1064, 32, 0], [5032, 32, 0], [5064, 32, 0]])
+    np.testing.assert_array_equal(d, [[10_000 + 2 * 96 + 32, 32, 0], [10_000 + 3 * 96 + 32, 32, 0],
+                                      [10_000 + 4 * 96 + 2 * 96 + 32, 32, 0], [10_000 + 4 * 96 + 3 * 96 + 32, 32, 0]])
+    with pytest.raises(ValueError, match="does not split"):
+        pool.shard(0, 5)
+
+
 def test_pool_use_record_bounded_with_exact_peak(tmp_path, monkeypatch):
     """A real pool (shared-memory file, NIXL registration): its use record counts slots in use
     after each reservation and release, keeps the exact peak and the latest value, and stays

@@ -1,10 +1,13 @@
 """The decode worker's host-DRAM tier (``offload=dram``) on real vLLM and real NIXL (CPU): a
-request vLLM preempts for lack of decode KV blocks comes back from the tier. The tier's normal
+request vLLM preempts for lack of decode KV blocks comes back from the tier, with the prefill
+pool at TP 3 and decode at TP 1 (issue #28): each of the 3 prefill ranks writes its own KV head's
+bytes of every block into the tier, which holds all three, and decode reads whole blocks. The tier's normal
 path (one write per request in whole blocks, no prompt token recomputed, the prefill worker
 letting go, the tier's record) is checked on the long-context run, :mod:`tests.engine.test_long_context`.
 """
 from __future__ import annotations
 
+import json
 import sys
 
 import pytest
@@ -25,8 +28,9 @@ def _steps(run: Run, role: str) -> list[dict]:
 # Preemption: short prompts (8 blocks each) and a decode KV cache of 16 usable blocks. While the
 # first request decodes, the next two wait in the DRAM tier; when it ends both are admitted (16
 # blocks), both grow, and vLLM preempts one. It must come back from the DRAM tier, not recompute
-# its prompt.
-P_ROWS, P_NEW, P_BLOCKS = 4, 160, 17
+# its prompt. The prefill pool runs at TP 3 (SmolLM2's 3 KV heads, one per rank).
+P_ROWS, P_NEW, P_BLOCKS, P_TP = 4, 160, 17, 3
+KV_BYTES_PER_TOKEN = 2 * 30 * 3 * 64 * 4  # SmolLM2-135M in float32: 46,080 B
 P_CONTEXT = ["model.max_model_len=2048", f"job.sampling.max_new_tokens={P_NEW}"]
 
 
@@ -43,7 +47,8 @@ def short_input(tmp_path_factory):
 @pytest.fixture(scope="module")
 def preempt_run(tmp_path_factory, short_input) -> Run:
     return _run(tmp_path_factory, "dram-preempt", "pools=disaggregated", "offload=dram", "offload.dram_gib=1",
-                f"model.decode_kv_blocks={P_BLOCKS}", *P_CONTEXT, input_url=str(short_input))
+                f"model.decode_kv_blocks={P_BLOCKS}", f"model.prefill_tp={P_TP}", *P_CONTEXT,
+                input_url=str(short_input))
 
 
 @pytest.fixture(scope="module")
@@ -73,3 +78,14 @@ def test_preempted_request_comes_back_from_dram(preempt_run, short_colocated_run
     got = preempt_run.rows("part-00000.parquet")
     want = short_colocated_run.rows("part-00000.parquet")
     assert [r["generation_token_ids"] for r in got] == [r["generation_token_ids"] for r in want]
+    # TP 3 into the tier: the prefill engine ran 3 model-worker processes, and each request's
+    # blocks were written as 3 NIXL writes (one per rank: its KV head, a third of each block's
+    # bytes), adding up to every head of every block once: ceil(prompt / 128) x 128 x 46,080 B.
+    engines = {json.loads(p.read_text())["role"]: json.loads(p.read_text())
+               for p in (preempt_run.run_dir / "engines").glob("*.json")}
+    assert (engines["prefill"]["tp"], engines["prefill"]["worker_processes"]) == (P_TP, P_TP), engines
+    assert (engines["decode"]["tp"], engines["decode"]["worker_processes"]) == (1, 1), engines
+    writes = sorted(b for s in _steps(preempt_run, "prefill") for b in (s["kv_transfer_bytes"] or ()))
+    want_bytes = sorted(-(-r["prompt_tokens"] // BLOCK) * BLOCK * KV_BYTES_PER_TOKEN // P_TP
+                        for r in rows for _ in range(P_TP))
+    assert writes == want_bytes

@@ -34,7 +34,7 @@ for _w in ("uniform", "mixed", "long"):
     CONFIGS[f"disaggdram-{_w}"] = ("disaggdram", _w, "disaggregated, KV handed off through the decode DRAM tier")
     CONFIGS[f"disaggasyncload-{_w}"] = ("disaggasyncload", _w, "disaggregated, vLLM's asynchronous KV load on decode")
     # Each pool its own shape (issue #28): one pool at TP 3 (SmolLM2's only TP size above 1), its
-    # 3 ranks on its worker's one core; no DRAM tier (it takes TP 1 only).
+    # 3 ranks on its worker's one core; no DRAM tier (the shapes alone).
     CONFIGS[f"disaggtp3p-{_w}"] = ("disaggtp3p", _w, "disaggregated, prefill TP 3 + decode TP 1")
     CONFIGS[f"disaggtp3d-{_w}"] = ("disaggtp3d", _w, "disaggregated, prefill TP 1 + decode TP 3")
 PARTS = {"raw", "coloc", "coloc1", "coloc2", "disagg", "disaggspin", "disaggchunk", "disaggbefore", "disaggpush",
