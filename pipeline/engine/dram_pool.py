@@ -50,7 +50,7 @@ class PoolFull(RuntimeError):
 @dataclass
 class BlockRegions:
     """Equal-sized KV blocks laid out as ``len(bases)`` regions of ``num_blocks`` blocks each:
-    block ``i`` of region ``r`` starts at byte address ``bases[r] + i * block_bytes``.
+    block ``i`` of region ``r`` starts at byte address ``bases[r] + i * block_stride``.
 
     ``views`` (optional) are the same regions as ``(num_blocks, block_bytes)`` uint8 tensors,
     for local copies. ``stride``: bytes from one block to the next (0: ``block_bytes``, the
@@ -158,8 +158,9 @@ def runs(src: list[int], dst: list[int]) -> list[tuple[int, int, int]]:
 def descriptors(src: BlockRegions, src_blocks: list[int], dst: BlockRegions,
                 dst_blocks: list[int]) -> tuple[np.ndarray, np.ndarray]:
     """NIXL descriptor rows ``(address, bytes, device id)`` that move ``src_blocks`` of ``src``
-    to ``dst_blocks`` of ``dst``, every region, coalesced into runs (shape ``(n, 3)`` int64 each,
-    ``n = regions x runs``).
+    to ``dst_blocks`` of ``dst``, every region, coalesced into runs where both sides' blocks are
+    contiguous (shape ``(n, 3)`` int64 each, ``n = regions x runs``), else one row per block and
+    region (a :meth:`BlockRegions.shard`'s blocks lie a whole block apart).
 
     Raises:
         ValueError: the two sides' block layouts differ (different model, dtype or block size).
@@ -249,6 +250,14 @@ class DramPool:
         """What a prefill worker needs to write into this pool (goes in ``kv_transfer_params``)."""
         return {"agent": self.agent_name, "metadata": self.metadata, "base": self.base,
                 "num_slots": self.num_slots, "slot_bytes": self.slot_bytes}
+
+    def forget(self, request_id: str) -> None:
+        """Drop any notification of ``request_id`` seen so far: called as its slots are reserved,
+        so that a request id a requeued prefill worker uses again never counts writes of the
+        attempt before (with a TP-n prefill engine, a dead attempt's first k of n writes would
+        otherwise let the next attempt's load start after only n - k of its own)."""
+        self._notified.pop(request_id, None)
+        self._early.discard(request_id)
 
     async def allocate(self, blocks: int, timeout_s: float) -> list[int]:
         """``blocks`` slots, waiting until that many are free; lowest slot numbers first, so a

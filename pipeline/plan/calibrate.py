@@ -261,12 +261,16 @@ def calibrate(run_or_output: str | os.PathLike, model: ModelShape | None = None,
     handoff_busy = sum(busy_seconds([(r["pe"], r["pe"] + r["hand"]) for r in g]) for g in _groups(hand, "pg"))
     if prefill_busy <= 0 or dec_time <= 0:
         raise ValueError(f"{run_or_output}: no rows with prefill and decode timings to calibrate from")
-    link = dram_write_rate(run_dir_of(run_or_output)) or (kv_moved / handoff_busy if handoff_busy > 0 else base.link_bw)
+    run_tps = _tp_sizes(run_or_output)
+    ptp, dtp = (1, 1) if base.ranks_share_cores else run_tps
+    links = min(ptp, dtp)
+    # The tier's writes are per prefill rank (each its heads' share, all ranks at once): the
+    # worker's rate is the prefill TP times theirs.
+    dram = dram_write_rate(run_dir_of(run_or_output))
+    link = (dram * run_tps[0] if dram else kv_moved / handoff_busy if handoff_busy > 0 else base.link_bw * links)
     latency = max(0.0, sum(r["hand"] - k * r["p"] / link for r in hand) / len(hand)) if hand else base.handoff_s
-    ptp, dtp = (1, 1) if base.ranks_share_cores else _tp_sizes(run_or_output)
     return replace(base, name=f"{base.name} calibrated on {run_or_output}", peak_flops=flops / prefill_busy / ptp,
-                   mfu=1.0, mem_bw=dec_bytes / dec_time / dtp, mbu=1.0,
-                   link_bw=link / min(ptp, dtp) if hand else link, handoff_s=latency)
+                   mfu=1.0, mem_bw=dec_bytes / dec_time / dtp, mbu=1.0, link_bw=link / links, handoff_s=latency)
 
 
 def _tp_sizes(run_or_output: str | os.PathLike) -> tuple[int, int]:

@@ -134,7 +134,8 @@ def predict(model: ModelShape, hw: Hardware, wl: Workload, mode: str = "disaggre
     or ``mode="colocated"`` with ``prefill`` workers (the pipeline's ``pools.prefill``); ``tp``
     devices per worker (default :func:`~pipeline.plan.costs.auto_tp`), or each pool its own:
     ``prefill_tp`` (prefill and colocated workers: prefill FLOP/s scale with it) and
-    ``decode_tp`` (memory bandwidth, FLOP/s and KV capacity of a decode worker scale with it),
+    ``decode_tp`` (memory bandwidth and FLOP/s of a decode worker scale with it, and its KV
+    capacity on a device profile; a CPU profile's KV space is fixed),
     each defaulting to ``tp``; ``rows_in_flight`` per prefill (or colocated) worker, for a batch
     (default: unbounded).
 
@@ -181,8 +182,9 @@ def predict(model: ModelShape, hw: Hardware, wl: Workload, mode: str = "disaggre
         raise ValueError(f"worker counts must be >= 1, got prefill={prefill} decode={decode}")
     if rows_in_flight is not None and rows_in_flight < 1:
         raise ValueError(f"rows in flight must be >= 1, got {rows_in_flight}")
-    tp = tp or auto_tp(model, hw)
     colocated = mode == "colocated"
+    if not tp and not (prefill_tp and (colocated or decode_tp)):
+        tp = auto_tp(model, hw)  # only where a pool's TP is left to it (it refuses models past 8 devices)
     ptp = prefill_tp or tp
     dtp = ptp if colocated else decode_tp or tp
     if ptp < 1 or dtp < 1:

@@ -116,7 +116,8 @@ def plan(model: ModelShape, hw: Hardware, wl: Workload, *, target_util: float = 
         raise ValueError(f"target utilisation must be in (0, 1), got {target_util}")
     if workers < 1:
         raise ValueError(f"workers must be >= 1, got {workers}")
-    tp = tp or auto_tp(model, hw)
+    if not (tp or (prefill_tp and decode_tp)):
+        tp = auto_tp(model, hw)
     ptp, dtp = prefill_tp or tp, decode_tp or tp
     shapes = {"prefill_tp": ptp, "decode_tp": dtp}
     notes: list[str] = []

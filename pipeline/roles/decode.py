@@ -206,6 +206,7 @@ class DecodeServer:
 
     async def _reserve(self, peer: bytes, r: Reserve) -> None:
         timeout_s = self.cfg.transport.handoff_timeout_s
+        self.pool.forget(r.request_id)  # a requeued prefill worker reuses the id: no write of before counts
         try:
             slots = await self.pool.allocate(r.blocks, timeout_s)
         except Exception as exc:  # noqa: BLE001 (the prefill worker turns it into the row's error)

@@ -223,3 +223,24 @@ def test_cli_batch_rows_default_and_option():
     assert "TTFT p50" in text and "note: 16 rows in flight per prefill or colocated worker" in text
     bad = _cli(*args, "--batch-rows", "0")
     assert bad.returncode == 2 and "--batch-rows must be >= 1" in bad.stderr
+
+
+def test_cli_tp_given_for_a_model_past_eight_devices(tmp_path):
+    """Where every pool's TP is given, the planner does not ask auto_tp (which refuses a model
+    whose weights need more than 8 devices): Llama-3.1-70B's config with 4 times the layers
+    (about 4 x 141 GB of bf16 weights, more than half of 8 x 80 GB x 0.9) on h100 at TP 16."""
+    from pipeline.plan.model import MODEL_PRESETS
+
+    cfg = dict(MODEL_PRESETS["llama-3.1-70b"])
+    cfg["num_hidden_layers"] *= 4
+    cfg["params"] *= 4
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    args = ["--model", str(tmp_path / "config.json"), "--hardware", "h100", "--prompt-tokens", "8192",
+            "--output-tokens", "256", "--rate", "0.5", "--json"]
+    refused = _cli(*args)
+    assert refused.returncode == 2 and "devices per worker" in refused.stderr, refused.stderr
+    for tp in (["--tp", "16"], ["--prefill-tp", "16", "--decode-tp", "16"]):
+        p = _cli(*args, *tp)
+        assert p.returncode == 0, p.stderr
+        out = json.loads(p.stdout)
+        assert out["disaggregated"]["prefill_tp"] == out["disaggregated"]["decode_tp"] == 16
