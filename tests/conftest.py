@@ -37,6 +37,11 @@ class Run:
     def summary(self) -> dict:
         return json.loads((self.run_dir / "summary.json").read_text())
 
+    def engines(self) -> dict[str, dict]:
+        """role -> the record of the run's engine of that role (``RUN_DIR/engines/``; one engine
+        per role)."""
+        return {r["role"]: r for r in (json.loads(p.read_text()) for p in (self.run_dir / "engines").glob("*.json"))}
+
 
 def run_pipeline(*overrides: str, timeout: float = 900, env: dict | None = None) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "pipeline", *overrides], cwd=ROOT,

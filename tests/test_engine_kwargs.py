@@ -23,8 +23,6 @@ from __future__ import annotations
 
 import pytest
 
-import json
-
 from pipeline.io.metrics import read_request_metrics, read_worker_metrics
 from tests.conftest import SAMPLE, Run, _run
 from tests.test_main_job import KV_BYTES_PER_TOKEN_FP32
@@ -47,11 +45,6 @@ def _by_role(run: Run) -> dict[str, tuple[int, int]]:
     return out
 
 
-def _engines(run: Run) -> dict[str, dict]:
-    """role -> the engine's record (pipeline.engine.build.engine_shape)."""
-    return {r["role"]: r for r in (json.loads(p.read_text()) for p in (run.run_dir / "engines").glob("*.json"))}
-
-
 @pytest.mark.e2e
 def test_engine_kwargs_and_pool_shapes_reach_their_pools(tmp_path_factory):
     shard = str(SAMPLE / SHARDS[0])
@@ -71,7 +64,7 @@ def test_engine_kwargs_and_pool_shapes_reach_their_pools(tmp_path_factory):
     # Colocated engines take model.engine_kwargs only: 3 at once (the shard's 8 rows are in
     # flight), prefix caching off; neither pool's own dict reached them.
     assert _by_role(colocated) == {"colocated": (3, 0)}, _by_role(colocated)
-    assert _engines(colocated)["colocated"]["tp"] == 1
+    assert colocated.engines()["colocated"]["tp"] == 1
     for name, (run, tp) in runs.items():
         roles = _by_role(run)
         # Decode: its own max_num_seqs=2 over the shared 3; prefix caching off from the shared dict.
@@ -80,7 +73,7 @@ def test_engine_kwargs_and_pool_shapes_reach_their_pools(tmp_path_factory):
         assert roles["prefill"][1] > 0, (name, roles)
 
         # Each pool ran at its own TP size: vLLM's config, and one model-worker process per rank.
-        engines = _engines(run)
+        engines = run.engines()
         for role, n in tp.items():
             assert (engines[role]["tp"], engines[role]["worker_processes"]) == (n, n), (name, engines[role])
             assert engines[role]["block_size"] == BLOCK, (name, engines[role])

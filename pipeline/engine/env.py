@@ -38,24 +38,27 @@ def engine_env(cfg: Config, *, cpus: str | None, side_channel: tuple[str, int] |
     return env
 
 
+def deal_cores(cores: list[int], n: int) -> list[str]:
+    """``cores`` dealt out to ``n`` takers as core lists (``"0"``, ``"2,3"``): contiguous slices,
+    the first ones a core larger when they do not divide evenly; with no more cores than takers,
+    one core each, shared round-robin (``deal_cores([0, 1], 3)`` -> ``["0", "1", "0"]``)."""
+    if n >= len(cores):
+        return [str(cores[i % len(cores)]) for i in range(n)]
+    per, extra = divmod(len(cores), n)
+    out, start = [], 0
+    for i in range(n):
+        size = per + (1 if i < extra else 0)
+        out.append(",".join(map(str, cores[start:start + size])))
+        start += size
+    return out
+
+
 def omp_bind(cpus: str, tp: int) -> str:
     """``VLLM_CPU_OMP_THREADS_BIND`` for an engine of TP size ``tp`` on the cores ``cpus``: one
-    core list per TP rank, joined by ``|`` (vLLM's CPU worker takes the list of its local rank
-    and asserts there is one per rank). The cores are dealt out in contiguous slices; with fewer
-    cores than ranks, ranks share them round-robin (``omp_bind("0,1", 3)`` -> ``"0|1|0"``).
+    core list per TP rank (:func:`deal_cores`), joined by ``|`` (vLLM's CPU worker takes the list
+    of its local rank and asserts there is one per rank): ``omp_bind("0,1", 3)`` -> ``"0|1|0"``.
     """
-    cores = sorted(parse_cpus(cpus))
-    if tp <= 1:
-        return cpus
-    if len(cores) <= tp:
-        return "|".join(str(cores[r % len(cores)]) for r in range(tp))
-    per, extra = divmod(len(cores), tp)
-    out, start = [], 0
-    for r in range(tp):
-        n = per + (1 if r < extra else 0)
-        out.append(",".join(map(str, cores[start:start + n])))
-        start += n
-    return "|".join(out)
+    return cpus if tp <= 1 else "|".join(deal_cores(sorted(parse_cpus(cpus)), tp))
 
 
 def parse_cpus(cpus: str) -> set[int]:

@@ -9,6 +9,7 @@ from typing import Any, Callable
 import submitit
 
 from pipeline.config import Config
+from pipeline.engine.env import deal_cores
 from pipeline.runtime.rundir import RunDir
 from pipeline.launch.jobs import ArrayTaskJob, DecodeJob
 from pipeline.launch.watch import Jobs
@@ -24,16 +25,7 @@ def cpu_slices(n_workers: int, cpu_bind: str) -> list[str | None]:
     """
     if cpu_bind == "auto":
         return [None] * n_workers
-    cores = sorted(os.sched_getaffinity(0))
-    if n_workers >= len(cores):
-        return [str(cores[i % len(cores)]) for i in range(n_workers)]
-    per, extra = divmod(len(cores), n_workers)
-    out, start = [], 0
-    for i in range(n_workers):
-        n = per + (1 if i < extra else 0)
-        out.append(",".join(str(c) for c in cores[start:start + n]))
-        start += n
-    return out
+    return deal_cores(sorted(os.sched_getaffinity(0)), n_workers)
 
 
 def _executor(cfg: Config, run: RunDir):

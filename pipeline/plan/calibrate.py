@@ -278,5 +278,5 @@ def _tp_sizes(run_or_output: str | os.PathLike) -> tuple[int, int]:
     cfg = _config_of_run(run_or_output)
     if cfg is None:
         return 1, 1
-    colocated = cfg.pools.mode == "colocated"
-    return cfg.model.prefill_tp, cfg.model.prefill_tp if colocated else cfg.model.decode_tp
+    roles = ("colocated", "colocated") if cfg.pools.mode == "colocated" else ("prefill", "decode")
+    return cfg.model.tp_of(roles[0]), cfg.model.tp_of(roles[1])

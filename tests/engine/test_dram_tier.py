@@ -7,7 +7,6 @@ letting go, the tier's record) is checked on the long-context run, :mod:`tests.e
 """
 from __future__ import annotations
 
-import json
 import sys
 
 import pytest
@@ -81,8 +80,7 @@ def test_preempted_request_comes_back_from_dram(preempt_run, short_colocated_run
     # TP 3 into the tier: the prefill engine ran 3 model-worker processes, and each request's
     # blocks were written as 3 NIXL writes (one per rank: its KV head, a third of each block's
     # bytes), adding up to every head of every block once: ceil(prompt / 128) x 128 x 46,080 B.
-    engines = {json.loads(p.read_text())["role"]: json.loads(p.read_text())
-               for p in (preempt_run.run_dir / "engines").glob("*.json")}
+    engines = preempt_run.engines()
     assert (engines["prefill"]["tp"], engines["prefill"]["worker_processes"]) == (P_TP, P_TP), engines
     assert (engines["decode"]["tp"], engines["decode"]["worker_processes"]) == (1, 1), engines
     writes = sorted(b for s in _steps(preempt_run, "prefill") for b in (s["kv_transfer_bytes"] or ()))
