@@ -160,8 +160,10 @@ def test_text_twice_fills_both_slots(tmp_path):
     prompt = tokenizer.decode(ids)
     assert not cut and prompt.count(text.strip()) == 2, prompt
     assert f"Note: {text} -- restate it in one line: {text}" in prompt
-    body = tokenizer(text, add_special_tokens=False, split_special_tokens=True)["input_ids"]
-    assert len(ids) == len(render.before) + len(render.after) + 2 * len(body)
+    want = tokenizer.apply_chat_template(
+        [{"role": "user", "content": f"Note: {text} -- restate it in one line: {text}"}],
+        add_generation_prompt=True, tokenize=True)
+    assert ids == list(want["input_ids"] if hasattr(want, "keys") else want)
 
 
 @pytest.mark.parametrize("template, words", [

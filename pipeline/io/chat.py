@@ -7,6 +7,7 @@ import json
 from typing import Any
 
 from pipeline.config import JobConfig
+from pipeline.io.encode import Encoder
 from pipeline.io.formats import json_kind
 from pipeline.io.prompts import as_text
 
@@ -42,12 +43,14 @@ def _content(turn: Any, i: int, column: str) -> str:
     return content
 
 
-def chat_token_ids(messages: Any, job: JobConfig, tokenizer: Any) -> list[int]:
+def chat_token_ids(messages: Any, job: JobConfig, tokenizer: Any, encoder: Encoder | None = None) -> list[int]:
     """The prompt token ids of one row's ``messages`` (any number of turns; ``job.system_prompt``
     is put first only when the row has no system turn), rendered with the model's chat template
-    and the assistant turn opened (``add_generation_prompt``). The template's own text is
-    tokenized with its special tokens; each turn's content with ``split_special_tokens``, so a
-    turn cannot open another turn by writing ``<|im_start|>``.
+    and the assistant turn opened (``add_generation_prompt``). The ids are the tokenizer's own
+    tokenization of the rendered prompt (what ``apply_chat_template(..., tokenize=True)``
+    gives), except that a turn's content cannot open another turn by writing ``<|im_start|>``:
+    a special-token string in a content reads as text (:class:`~pipeline.io.encode.Encoder`;
+    ``encoder``: one made for ``tokenizer``, to reuse across rows).
 
     ``messages`` is the row's value: a list of turns (a ``list<struct<role, content>>``
     column, or JSON objects), or the JSON text of one as ``str`` or UTF-8 ``bytes`` (a string
@@ -74,14 +77,13 @@ def chat_token_ids(messages: Any, job: JobConfig, tokenizer: Any) -> list[int]:
         rendered = tokenizer.apply_chat_template(turns, add_generation_prompt=True, tokenize=False)
     except Exception as exc:  # jinja raises its own types for what a template refuses
         raise ValueError(f"{column}: the chat template refused the messages: {exc}") from None
-    ids: list[int] = []
-    rest = rendered
-    for i, content in enumerate(contents):
+    pieces, rest = [], rendered
+    for i in range(len(contents)):
         before, slot, rest = rest.partition(_slot(i))
         if not slot:
             raise ValueError(f"{column}[{i}]: the chat template dropped this turn")
-        ids += _ids(tokenizer, before) + _ids(tokenizer, content, split_special_tokens=True)
-    return ids + _ids(tokenizer, rest)
+        pieces.append(before)
+    return (encoder or Encoder(tokenizer))(pieces + [rest], contents)
 
 
 def _parsed(value: str | bytes, column: str) -> Any:
@@ -103,8 +105,3 @@ def _parsed(value: str | bytes, column: str) -> Any:
     if not isinstance(value, list):
         raise ValueError(f"{column}: its text is a JSON {json_kind(value)}, not an array of {{role, content}} turns")
     return value
-
-
-def _ids(tokenizer: Any, text: str, **kw: Any) -> list[int]:
-    kw.setdefault("add_special_tokens", False)
-    return list(tokenizer(text, **kw)["input_ids"]) if text else []

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from pipeline.config import JobConfig, SamplingConfig
+from pipeline.io.encode import Encoder
 
 # Stands for the row's text while the chat template is rendered; never appears in real text.
 _SLOT = "\uE000pd-pipeline-text\uE001"
@@ -85,21 +86,20 @@ class Renderer:
 
     ``job.prompt_template`` is read like ``str.format`` (:func:`parse_template`: ``{{``/``}}``
     are literal braces, ``{text}`` the only placeholder) and the row's text goes into every
-    ``{text}`` slot; ``job.system_prompt`` takes no placeholder. The template is tokenized with
-    its special tokens; the row's text is tokenized with ``split_special_tokens``, so a document
-    that contains ``<|im_start|>`` or similar cannot open a turn of its own: it reads as plain
-    text.
+    ``{text}`` slot; ``job.system_prompt`` takes no placeholder. The ids are the tokenizer's own
+    tokenization of the whole rendered prompt (:class:`~pipeline.io.encode.Encoder`: what
+    ``apply_chat_template(..., tokenize=True)`` gives); a text that holds ``<|im_start|>`` or
+    another special-token string cannot open a turn of its own: that string reads as plain text.
 
-    ``pieces``: the template's token ids around and between the ``slots`` text slots;
-    ``before`` is the first piece and ``after`` the rest joined, so ``len(before) + len(after)``
-    is the prompt's size without the text.
+    ``pieces``: the rendered template's text around and between the ``slots`` text slots;
+    ``overhead``: the template's size in tokens with an empty text (within a token or two of
+    what it takes around a text, where tokens merge across the seams).
 
     Raises:
         ValueError: a bad template (see :func:`parse_template`), naming its setting.
     """
 
     def __init__(self, job: JobConfig, tokenizer: Any):
-        self.tokenizer = tokenizer
         user = fill_template(parse_template(job.prompt_template, "job.prompt_template", ("text",), ("text",)),
                              {"text": _SLOT})
         messages = [{"role": "user", "content": user}]
@@ -108,33 +108,30 @@ class Renderer:
             messages.insert(0, {"role": "system", "content": system})
         if getattr(tokenizer, "chat_template", None):
             rendered = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
-            special = False
+            self.encode = Encoder(tokenizer)
         else:
-            rendered, special = user, True
-        texts = rendered.split(_SLOT)
-        self.slots = len(texts) - 1
-        self.pieces = [self._ids(t, add_special_tokens=special and i == 0) if t else []
-                       for i, t in enumerate(texts)]
-        self.before = self.pieces[0]
-        self.after = [t for piece in self.pieces[1:] for t in piece]
-
-    def _ids(self, text: str, **kw) -> list[int]:
-        kw.setdefault("add_special_tokens", False)
-        return list(self.tokenizer(text, **kw)["input_ids"])
+            rendered = user
+            self.encode = Encoder(tokenizer, add_special_tokens=True)
+        self.pieces = rendered.split(_SLOT)
+        self.slots = len(self.pieces) - 1
+        self.overhead = len(self.encode(["".join(self.pieces)], []))
 
     def __call__(self, text: str, max_text_tokens: int | None = None) -> tuple[list[int], bool]:
         """(token ids, whether the text was cut): the text in every slot. ``max_text_tokens``
-        is the text's budget for the whole prompt, shared by its slots: each copy is cut to
-        ``max_text_tokens // slots`` tokens."""
-        body = self._ids(text, split_special_tokens=True)
-        each = None if max_text_tokens is None else max(0, max_text_tokens) // max(1, self.slots)
-        cut = each is not None and len(body) > each
-        if cut:
-            body = body[:each]
-        ids = list(self.pieces[0])
-        for piece in self.pieces[1:]:
-            ids += body + piece
-        return ids, cut
+        is the text's budget for the whole prompt, shared by its slots: the prompt is at most
+        ``overhead + max_text_tokens`` tokens, each copy of the text cut to its first
+        ``max_text_tokens // slots`` tokens or fewer (fewer where the cut text's seams merge
+        differently)."""
+        ids = self.encode(self.pieces, [text] * self.slots)
+        limit = None if max_text_tokens is None else self.overhead + max(0, max_text_tokens)
+        if limit is None or len(ids) <= limit:
+            return ids, False
+        each = max(0, max_text_tokens) // max(1, self.slots)
+        while True:
+            ids = self.encode(self.pieces, [self.encode.cut(text, each)] * self.slots)
+            if len(ids) <= limit or each == 0:
+                return ids, True
+            each = max(0, each - -(-(len(ids) - limit) // self.slots))
 
 
 def as_text(value: Any, column: str) -> tuple[str | None, str | None]:
@@ -174,6 +171,7 @@ def make_prompts(texts: list[Any], keys: list[str], job: JobConfig, tokenizer: A
 
     chat = job.messages_column is not None
     render = None if chat else Renderer(job, tokenizer)
+    encoder = Encoder(tokenizer) if chat else None
     first_seen: dict[Any, int] = {}
     out = []
     for i, (value, key) in enumerate(zip(texts, keys)):
@@ -197,7 +195,7 @@ def make_prompts(texts: list[Any], keys: list[str], job: JobConfig, tokenizer: A
         max_new = (sampling or job.sampling).max_new_tokens
         if chat:
             try:
-                token_ids = chat_token_ids(value, job, tokenizer)
+                token_ids = chat_token_ids(value, job, tokenizer, encoder)
             except ValueError as exc:
                 p.error = str(exc)
                 continue
@@ -205,7 +203,7 @@ def make_prompts(texts: list[Any], keys: list[str], job: JobConfig, tokenizer: A
             text, p.error = as_text(value, job.text_column)
             if p.error:
                 continue
-            budget = max_model_len - max_new - len(render.before) - len(render.after)
+            budget = max_model_len - max_new - render.overhead
             if job.too_long == "truncate" and budget < 1:
                 p.error = (f"job.sampling.max_new_tokens={max_new} leaves no room for the text: the prompt "
                            f"template takes {max_model_len - max_new - budget} of model.max_model_len={max_model_len} tokens")
