@@ -77,12 +77,6 @@ def write_parquet(table: Any, url: str | os.PathLike) -> None:
         pq.write_table(table, f)
 
 
-def write_bytes(url: str | os.PathLike, data: bytes) -> None:
-    """Write ``data`` atomically."""
-    with atomic_write(url) as f:
-        f.write(data)
-
-
 def read_json(path: str | os.PathLike) -> Any:
     """Read a JSON file written by :func:`write_json` (a local path)."""
     return json.loads(Path(path).read_text())
