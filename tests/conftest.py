@@ -114,11 +114,42 @@ def _colocated_started(request, tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def colocated_run(_colocated_started) -> Run:
-    """The baseline: plain vLLM generation, reading and writing through file:// URLs, each sample
-    shard served in two parts (``job.unit_rows=4``: its two row groups) and assembled
-    (:mod:`pipeline.io.units`), so every test comparing a run with it also compares a split
-    shard's output with an unsplit one's, row for row."""
+    """The baseline: the pipeline colocated (vLLM prefill and decode in one engine), reading and
+    writing through file:// URLs, each sample shard served in two parts (``job.unit_rows=4``: its
+    two row groups) and assembled (:mod:`pipeline.io.units`), so every test comparing a run with
+    it also compares a split shard's output with an unsplit one's, row for row. It is itself
+    checked against :func:`reference`, which shares no code with the pipeline."""
     return _colocated_started.wait()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _reference_started(request, tmp_path_factory):
+    """Starts :func:`reference` with the session when a selected test uses it, on the first core
+    (the colocated run has the last)."""
+    if not any("reference" in item.fixturenames for item in request.session.items):
+        yield None
+        return
+    base = tmp_path_factory.mktemp("reference")
+    log = (base / "log.txt").open("w+")
+    cpus = {min(os.sched_getaffinity(0))}
+    proc = subprocess.Popen([sys.executable, "-m", "tests.reference", str(base / "reference.json")], cwd=ROOT,
+                            stdout=log, stderr=subprocess.STDOUT, preexec_fn=lambda: os.sched_setaffinity(0, cpus))
+    yield proc, base, log
+    if proc.poll() is None:
+        proc.kill()
+        proc.wait()
+
+
+@pytest.fixture(scope="session")
+def reference(_reference_started) -> dict[str, list[dict]]:
+    """The independent reference (:mod:`tests.reference`): raw vLLM ``LLM.generate`` in float32
+    over the sample, prompts rendered by the tokenizer's own ``apply_chat_template``, ids read
+    with pyarrow: ``{shard: [{id, prompt_ids, token_ids}]}`` in file order."""
+    proc, base, log = _reference_started
+    rc = proc.wait(900)
+    log.seek(0)
+    assert rc == 0, f"the reference (raw vLLM) failed:\n{log.read()[-4000:]}"
+    return json.loads((base / "reference.json").read_text())
 
 
 @pytest.fixture(scope="session")

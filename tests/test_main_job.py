@@ -21,6 +21,18 @@ def disagg_run(request):
     return request.getfixturevalue(f"{request.param}_run")
 
 
+def test_colocated_equals_raw_vllm_on_the_tokenizers_own_prompts(colocated_run, reference):
+    """The baseline every other run is compared with, against a reference that shares no code
+    with the pipeline (tests/reference.py): each row's id, place, prompt length and greedy tokens
+    equal raw vLLM's on the chat template's own rendering, read back with pyarrow alone."""
+    for shard in SHARDS:
+        out = pq.read_table(colocated_run.output / shard, columns=["id", "prompt_tokens", "generation_token_ids"])
+        want = reference[shard]
+        assert out.column("id").to_pylist() == [r["id"] for r in want]
+        assert out.column("prompt_tokens").to_pylist() == [len(r["prompt_ids"]) for r in want]
+        assert out.column("generation_token_ids").to_pylist() == [r["token_ids"] for r in want]
+
+
 def test_disaggregated_greedy_output_equals_colocated(disagg_run, colocated_run):
     for shard in SHARDS:
         got, want = disagg_run.rows(shard), colocated_run.rows(shard)
