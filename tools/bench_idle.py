@@ -79,7 +79,8 @@ async def _hold(pause_ms: float, window_s: float, requests: int, run_dir: str) -
     from pipeline.engine.steps import StepRecorder
     from pipeline.engine.stream import prefill_params, stream
     from pipeline.roles.handoff import REMOTE_DECODE
-    from pipeline.runtime.net import side_channel, worker_host
+    from pipeline.runtime.addresses import worker_host
+    from pipeline.runtime.ports import side_channel
 
     cfg = compose(["+job=summarize", "transport=nixl_pull", "offload=none",
                    f"transport.prefill_idle_pause_ms={pause_ms}"])

@@ -25,7 +25,7 @@ def engine_env(cfg: Config, *, cpus: str | None, side_channel: tuple[str, int] |
         env["VLLM_CPU_OMP_THREADS_BIND"] = omp_bind(cpus, tp)
         env["VLLM_CPU_NUM_OF_RESERVED_CPU"] = "0"
     if side_channel is not None:
-        # The address peers reach this worker at (pipeline.runtime.net.worker_host). vLLM's own
+        # The address peers reach this worker at (pipeline.runtime.addresses.worker_host). vLLM's own
         # guess (VLLM_HOST_IP unset) is the source address of a route to a public address, which
         # a node without a default route does not have: it warns and takes 0.0.0.0.
         env["VLLM_HOST_IP"] = side_channel[0]

@@ -52,7 +52,7 @@ from pipeline.io import formats
 from pipeline.io.openai_batch import is_request_batch
 from pipeline.io.shards import Shard
 from pipeline.model.resolve import cache_dir
-from pipeline.runtime.net import check_ports_free
+from pipeline.runtime.ports import check_ports_free
 from pipeline.preflight.engine_args import check_engine_args, local_model
 from pipeline.preflight.inputs import asks_for_samples, check_columns, check_templates, read_footers
 from pipeline.preflight.kv_fit import check_kv_fits

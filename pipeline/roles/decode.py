@@ -24,8 +24,9 @@ from pipeline.engine.steps import StepRecorder
 from pipeline.engine.stream import FirstTokenTimeout, RequestFailed, Streamed, stream_row, stream_samples
 from pipeline.io.metrics import write_dram_use
 from pipeline.roles.errors import is_worker_failure
+from pipeline.runtime.addresses import worker_host
 from pipeline.runtime.ids import worker_id
-from pipeline.runtime.net import start_on_side_channel, worker_host
+from pipeline.runtime.ports import start_on_side_channel
 from pipeline.runtime.rundir import RunDir
 from pipeline.wire.auth import Unauthenticated, sign, verify
 from pipeline.wire.messages import (Cancel, Handoff, Probe, Received, Release, Renew, Reserve, Reserved, Result,

@@ -14,9 +14,10 @@ from pipeline.engine.steps import StepRecorder
 from pipeline.roles.handoff import PrefillHandoff
 from pipeline.roles.router import DecodeRouter, wait_for_decode
 from pipeline.roles.work import claim_first, own_shards
+from pipeline.runtime.addresses import worker_host
 from pipeline.runtime.claims import Claims
 from pipeline.runtime.ids import worker_id
-from pipeline.runtime.net import start_on_side_channel, worker_host
+from pipeline.runtime.ports import start_on_side_channel
 from pipeline.runtime.rundir import RunDir
 
 

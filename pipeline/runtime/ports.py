@@ -1,4 +1,5 @@
-"""Addresses and ports a worker binds on its node (NIXL side channel, control socket).
+"""The NIXL side-channel port a worker binds on its node: reserved before its engine starts and
+watched while it starts (where the worker binds: :mod:`pipeline.runtime.addresses`).
 
 The NIXL side channel is bound by vLLM, not by us: its connector's scheduler (in the engine-core
 process) starts a thread that binds a ZeroMQ ROUTER on ``VLLM_NIXL_SIDE_CHANNEL_HOST:PORT``
@@ -28,101 +29,21 @@ from __future__ import annotations
 import errno
 import logging
 import socket
-import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import TypeVar
 
 from pipeline.config import Config
+from pipeline.runtime.addresses import worker_host
+from pipeline.runtime.port_watch import ForeignListenerWatch, holder
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
-
-_WILDCARDS = {"0.0.0.0", "::", ""}
 
 
 class PortInUseError(ValueError):
     """A port a worker must bind (its NIXL side channel) is taken by another process. The message
     is one line naming the port, the host and the setting (``transport.base_port``)."""
-
-
-def interface_address(interface: str) -> str:
-    """The IPv4 address of network interface ``interface`` (``ib0``, ``eth0``).
-
-    Raises:
-        ValueError: the interface does not exist here or has no IPv4 address.
-    """
-    import psutil
-
-    addrs = psutil.net_if_addrs()
-    if interface not in addrs:
-        raise ValueError(f"transport.interface: no interface {interface!r} on {socket.gethostname()} "
-                         f"(have: {', '.join(sorted(addrs))})")
-    for a in addrs[interface]:
-        if a.family == socket.AF_INET:
-            return a.address
-    raise ValueError(f"transport.interface: {interface!r} has no IPv4 address")
-
-
-def worker_host(cfg: Config) -> str:
-    """Where this worker binds and what it advertises to its peers (NIXL side channel, control
-    socket): the address of ``transport.interface`` when set, else ``transport.host`` when set,
-    else loopback for local runs and this node's routable address on a cluster
-    (:func:`node_address`), never a loopback one there: peers on other nodes connect to it.
-
-    Raises:
-        ValueError: on a cluster, no routable address can be told (see :func:`node_address`),
-            or ``transport.interface`` does not exist here.
-    """
-    if cfg.transport.interface:
-        return interface_address(cfg.transport.interface)
-    if cfg.transport.host:
-        return cfg.transport.host
-    if cfg.cluster.launcher == "local":
-        return "127.0.0.1"
-    return node_address()
-
-
-def _is_loopback(address: str) -> bool:
-    import ipaddress
-
-    return ipaddress.ip_address(address).is_loopback
-
-
-def node_address() -> str:
-    """This node's IPv4 address for peers on other nodes: its host name resolved, unless that is a
-    loopback address (Debian's ``/etc/hosts`` maps the host's own name to ``127.0.1.1``; a peer
-    that connects there reaches itself) or does not resolve; then the one IPv4 address of an
-    interface that is up and not loopback.
-
-    Raises:
-        ValueError: the name resolves to loopback (or not at all) and this node has no such
-            interface, or several (the message names them: set ``transport.interface``).
-    """
-    import psutil
-
-    name = socket.gethostname()
-    try:
-        resolved = socket.gethostbyname(name)
-    except OSError:
-        resolved = None
-    if resolved and not _is_loopback(resolved):
-        return resolved
-    stats = psutil.net_if_stats()
-    found = {iface: a.address for iface, addrs in psutil.net_if_addrs().items()
-             if iface in stats and stats[iface].isup
-             for a in addrs if a.family == socket.AF_INET and not _is_loopback(a.address)}
-    why = (f"host name {name!r} resolves to {resolved}, a loopback address peers on other nodes cannot reach"
-           if resolved else f"host name {name!r} does not resolve")
-    if len(found) == 1:
-        (iface, address), = found.items()
-        log.warning("%s; advertising %s of %s instead (transport.interface=%s says so explicitly)",
-                    why, address, iface, iface)
-        return address
-    have = ", ".join(f"{i} {a}" for i, a in sorted(found.items())) or "none up"
-    raise ValueError(f"{why}, and this node has "
-                     f"{'several' if found else 'no'} other IPv4 interfaces ({have}): set "
-                     f"transport.interface (e.g. ib0) or transport.host")
 
 
 def free_port(host: str) -> int:
@@ -173,32 +94,6 @@ def reserve_port(host: str, port: int) -> socket.socket:
     return s
 
 
-def _listeners(host: str, port: int) -> list:
-    """TCP sockets listening on ``port`` at ``host`` or a wildcard address (psutil connections)."""
-    import psutil
-
-    try:
-        conns = psutil.net_connections(kind="tcp")
-    except (psutil.Error, OSError):
-        return []
-    return [c for c in conns if c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port == port
-            and (c.laddr.ip == host or c.laddr.ip in _WILDCARDS or host in _WILDCARDS
-                 or c.laddr.ip == f"::ffff:{host}")]
-
-
-def _holder(host: str, port: int) -> str:
-    """``" (pid N, NAME)"`` for the process listening on ``host:port`` when it can be told."""
-    import psutil
-
-    for c in _listeners(host, port):
-        if c.pid:
-            try:
-                return f" (pid {c.pid}, {psutil.Process(c.pid).name()})"
-            except psutil.Error:
-                return f" (pid {c.pid})"
-    return ""
-
-
 def _setting(cfg: Config, slot: int) -> str:
     if cfg.transport.base_port:
         return (f"transport.base_port={cfg.transport.base_port} + 10 x worker slot {slot}; "
@@ -209,7 +104,7 @@ def _setting(cfg: Config, slot: int) -> str:
 
 def _taken_message(cfg: Config, slot: int, host: str, port: int) -> str:
     return (f"NIXL side-channel port {port} on {host} is in use by another process"
-            f"{_holder(host, port)} ({_setting(cfg, slot)})")
+            f"{holder(host, port)} ({_setting(cfg, slot)})")
 
 
 def check_ports_free(cfg: Config) -> None:
@@ -238,83 +133,6 @@ def check_ports_free(cfg: Config) -> None:
                 raise ValueError(f"transport.base_port={cfg.transport.base_port}: cannot bind port {port} "
                                  f"on {host}: {exc.strerror}") from None
             raise PortInUseError(f"{_taken_message(cfg, slot, host, port)}: {exc.strerror}") from None
-
-
-class _ForeignListenerWatch:
-    """A thread that, every ``interval_s`` seconds, looks for a process other than this one and
-    its descendants listening on ``host:port``; on finding one it records it and from then on
-    kills the processes this one started since the watch began (the engine being built, and
-    any it starts later) until stopped. It stops looking once one of ours listens there (vLLM
-    bound the port)."""
-
-    def __init__(self, host: str, port: int, interval_s: float):
-        import psutil
-
-        self.host, self.port, self.interval_s = host, port, interval_s
-        self.me = psutil.Process()
-        self.before = {p.pid for p in self._descendants()}
-        self.taken_by: str | None = None
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name=f"side-channel-watch-{port}", daemon=True)
-        self._thread.start()
-
-    def _descendants(self) -> list:
-        import psutil
-
-        try:
-            return self.me.children(recursive=True)
-        except psutil.Error:
-            return []
-
-    def _run(self) -> None:
-        while not self._stop.wait(self.interval_s):
-            if self.taken_by is not None:
-                self._kill_new()  # an engine process started after the port was found taken
-                continue
-            listening = _listeners(self.host, self.port)
-            if not listening:
-                continue
-            owned = [self._ours(c.pid) for c in listening]
-            if any(o is True for o in owned):
-                return  # vLLM bound it: nothing more can go wrong with this port
-            if any(o is None for o in owned):
-                continue  # the listener exited meanwhile: look again
-            self.taken_by = _holder(self.host, self.port)
-            log.error("NIXL side-channel port %d on %s was taken by another process%s while the engine "
-                      "started; stopping the engine", self.port, self.host, self.taken_by)
-            self._kill_new()
-
-    def _ours(self, pid: int | None) -> bool | None:
-        """Whether ``pid`` is this process or one of its descendants, by its own ancestry: a walk
-        of our children can miss one (a process whose parent exits during the walk is not
-        reached, and vLLM's start-up runs short-lived children) or fail, and then our own
-        engine's listener would look foreign. None when ``pid`` is gone."""
-        import psutil
-
-        if pid is None:  # not ours to see: another user's process
-            return False
-        if pid == self.me.pid:
-            return True
-        try:
-            return any(a.pid == self.me.pid for a in psutil.Process(pid).parents())
-        except psutil.NoSuchProcess:
-            return None
-        except psutil.Error:
-            return False
-
-    def _kill_new(self) -> None:
-        import psutil
-
-        new = [p for p in self._descendants() if p.pid not in self.before]
-        for p in reversed(new):  # children before their parents
-            try:
-                p.kill()
-            except psutil.Error:
-                pass
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join()
 
 
 @contextmanager
@@ -350,7 +168,7 @@ def side_channel(cfg: Config, slot: int, host: str, watch_interval_s: float = 1.
             raise
         raise PortInUseError(f"{_taken_message(cfg, slot, host, port)}: {exc.strerror}") from None
     port = reservation.getsockname()[1]
-    watch = _ForeignListenerWatch(host, port, watch_interval_s)
+    watch = ForeignListenerWatch(host, port, watch_interval_s)
     try:
         yield port
     except BaseException as exc:

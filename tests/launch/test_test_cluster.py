@@ -192,7 +192,7 @@ def _on_node(node: str, code: str) -> subprocess.CompletedProcess:
 def test_a_node_whose_name_resolves_to_loopback_advertises_its_link(slurm_cluster):
     """Each node's /etc/hosts is Debian's (its own name on 127.0.1.1): a worker there advertises
     its link's address, or, with two candidate interfaces, refuses with a message naming them."""
-    code = "from pipeline.runtime.net import node_address; print(node_address())"
+    code = "from pipeline.runtime.addresses import node_address; print(node_address())"
     p = _on_node("pd-node1", "import socket; print(socket.gethostbyname(socket.gethostname())); " + code)
     assert p.stdout.split() == ["127.0.1.1", "198.18.0.1"], p.stderr
     assert "resolves to 127.0.1.1" in p.stderr

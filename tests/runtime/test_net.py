@@ -1,4 +1,4 @@
-"""NIXL side-channel ports (pipeline.runtime.net): a taken port fails at once, naming the port,
+"""NIXL side-channel ports (pipeline.runtime.ports): a taken port fails at once, naming the port,
 the host and ``transport.base_port``; a picked free port is held until the engine binds it; a
 port taken while the engine starts ends the start within seconds instead of vLLM's 600 s.
 
@@ -19,7 +19,7 @@ import pytest
 import zmq
 
 from pipeline.config import compose
-from pipeline.runtime.net import PortInUseError, check_ports_free, side_channel, start_on_side_channel
+from pipeline.runtime.ports import PortInUseError, check_ports_free, side_channel, start_on_side_channel
 
 HOST = "127.0.0.1"
 
