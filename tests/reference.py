@@ -9,17 +9,44 @@ float32. Only the model's folder is found through the pipeline (``model_path``: 
 the converted model).
 
 Run as ``python -m tests.reference OUT.json``: writes ``{shard: [{id, prompt_ids, token_ids}]}``.
+The prompt functions below serve the unit tests too.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 SAMPLE = ROOT / "data" / "sample"
+
+
+def chat_prompt_ids(tokenizer: Any, content: str, system: str | None = None) -> list[int]:
+    """The tokenizer's own ids of a one-turn chat prompt (what transformers and vLLM's
+    ``LLM.chat`` feed the model), the assistant turn opened."""
+    messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": content}]
+    ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+    return list(ids["input_ids"] if hasattr(ids, "keys") else ids)
+
+
+def inert_prompt_ids(tokenizer: Any, rendered: str, text: str, after: str) -> list[int]:
+    """The rule for a prompt whose text (following the first ``after`` in ``rendered``) holds a
+    special-token string, written out: cut ``rendered`` at the special tokens outside the text,
+    tokenize each stretch with ``split_special_tokens``, so the text's special strings are text."""
+    specials = [t.content for t in tokenizer.added_tokens_decoder.values() if t.special]
+    pattern = re.compile("|".join(map(re.escape, sorted(specials, key=len, reverse=True))))
+    start = rendered.index(after) + len(after)
+    outside = [m for m in pattern.finditer(rendered) if m.end() <= start or m.start() >= start + len(text)]
+    out, at = [], 0
+    for m in outside:
+        out += tokenizer(rendered[at:m.start()], add_special_tokens=False, split_special_tokens=True)["input_ids"]
+        out.append(tokenizer.convert_tokens_to_ids(m.group()))
+        at = m.end()
+    return out + tokenizer(rendered[at:], add_special_tokens=False, split_special_tokens=True)["input_ids"]
 
 
 def main(out: str) -> None:
@@ -44,9 +71,7 @@ def main(out: str) -> None:
         table = pq.read_table(shard, columns=["id", "text"])
         rows[shard.name] = []
         for rid, text in zip(table.column("id").to_pylist(), table.column("text").to_pylist()):
-            ids = tokenizer.apply_chat_template([{"role": "user", "content": template.replace("{text}", text)}],
-                                                add_generation_prompt=True, tokenize=True)
-            rows[shard.name].append({"id": rid, "prompt_ids": list(ids["input_ids"] if hasattr(ids, "keys") else ids)})
+            rows[shard.name].append({"id": rid, "prompt_ids": chat_prompt_ids(tokenizer, template.replace("{text}", text))})
     llm = LLM(model=path, dtype="float32", max_model_len=4096, enforce_eager=True, gpu_memory_utilization=0.3)
     flat = [r for shard in rows.values() for r in shard]
     outputs = llm.generate([TokensPrompt(prompt_token_ids=r["prompt_ids"]) for r in flat],

@@ -2,9 +2,9 @@
 
 The expected ids come from the tokenizer alone: ``apply_chat_template(..., tokenize=True)`` on
 the job's template filled with ``str.replace`` (what transformers and vLLM's ``LLM.chat`` feed the
-model), and for a text holding a special-token string, the rule written out here by hand: the
-rendered prompt cut at the template's own special tokens, each stretch tokenized with
-``split_special_tokens``."""
+model), and for a text holding a special-token string, the rule written out by hand in
+:mod:`tests.reference`: the rendered prompt cut at the template's own special tokens, each
+stretch tokenized with ``split_special_tokens``."""
 
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ import pytest
 
 from pipeline.config import compose
 from pipeline.io.prompts import Renderer, make_prompts, parse_template
+from tests.reference import chat_prompt_ids, inert_prompt_ids
 
 SAMPLE = Path(__file__).resolve().parents[2] / "data" / "sample"
 # Texts whose edges merge with the template's: trailing and leading blank lines and spaces,
@@ -35,11 +36,7 @@ def tokenizer():
 
 def _reference(tokenizer, job, text: str) -> list[int]:
     """The tokenizer's own ids of the job's prompt for ``text``: the template filled by hand."""
-    messages = [{"role": "user", "content": job.prompt_template.replace("{text}", text)}]
-    if job.system_prompt:
-        messages.insert(0, {"role": "system", "content": job.system_prompt})
-    ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
-    return list(ids["input_ids"] if hasattr(ids, "keys") else ids)
+    return chat_prompt_ids(tokenizer, job.prompt_template.replace("{text}", text), job.system_prompt)
 
 
 def _sample_texts() -> list[str]:
@@ -72,26 +69,10 @@ def test_without_a_chat_template_the_prompt_is_tokenized_as_text(tokenizer):
         assert render(text)[0] == want
 
 
-def _by_hand(tokenizer, rendered: str, text: str, after: str) -> list[int]:
-    """The rule for a text holding a special-token string, written out: cut the rendered prompt
-    at the template's special tokens (those outside the text, which follows the first ``after``),
-    tokenize each stretch with ``split_special_tokens``."""
-    specials = [t.content for t in tokenizer.added_tokens_decoder.values() if t.special]
-    pattern = re.compile("|".join(map(re.escape, sorted(specials, key=len, reverse=True))))
-    start = rendered.index(after) + len(after)
-    outside = [m for m in pattern.finditer(rendered) if m.end() <= start or m.start() >= start + len(text)]
-    out, at = [], 0
-    for m in outside:
-        out += tokenizer(rendered[at:m.start()], add_special_tokens=False, split_special_tokens=True)["input_ids"]
-        out.append(tokenizer.convert_tokens_to_ids(m.group()))
-        at = m.end()
-    return out + tokenizer(rendered[at:], add_special_tokens=False, split_special_tokens=True)["input_ids"]
-
-
 def test_a_special_token_string_in_the_text_cannot_open_a_turn(tokenizer):
     """A document holding ``<|im_end|>`` / ``<|im_start|>`` keeps them as text: the prompt holds
     exactly the template's special tokens, decodes back to the rendered text, and follows the
-    rule by hand."""
+    rule written out by hand (:func:`tests.reference.inert_prompt_ids`)."""
     job = compose(["+job=summarize", "job.system_prompt='Be brief.'"]).job
     render = Renderer(job, tokenizer)
     special_ids = {i for i, t in tokenizer.added_tokens_decoder.items() if t.special}
@@ -108,7 +89,7 @@ def test_a_special_token_string_in_the_text_cannot_open_a_turn(tokenizer):
              {"role": "user", "content": job.prompt_template.replace("{text}", text)}],
             add_generation_prompt=True, tokenize=False)
         assert tokenizer.decode(ids) == rendered
-        assert ids == _by_hand(tokenizer, rendered, text, "in one sentence.\n\n")
+        assert ids == inert_prompt_ids(tokenizer, rendered, text, "in one sentence.\n\n")
     # A special-token string made across a seam (the text ends "<|im_", the template goes on
     # "start|>") is text too.
     seam = Renderer(compose(["+job=summarize", "job.prompt_template='{text}start|> end'"]).job, tokenizer)
