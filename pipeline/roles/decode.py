@@ -24,6 +24,7 @@ from pipeline.engine.steps import StepRecorder
 from pipeline.engine.stream import FirstTokenTimeout, RequestFailed, Streamed, stream_row, stream_samples
 from pipeline.io.metrics import write_dram_use
 from pipeline.roles.errors import is_worker_failure
+from pipeline.runtime import failpoints
 from pipeline.runtime.addresses import worker_host
 from pipeline.runtime.ids import worker_id
 from pipeline.runtime.ports import start_on_side_channel
@@ -48,7 +49,7 @@ async def _decode(run: RunDir, rank: int, cpus: str | None) -> str:
     worker = worker_id("decode", rank)
     # Fault injection (tests only): a decode worker that comes up late, or never within the
     # prefill workers' transport.connect_timeout_s.
-    await asyncio.sleep(float(os.environ.get("PD_PIPELINE_INJECT_DECODE_START_DELAY_S", "0") or 0))
+    await asyncio.sleep(failpoints.decode_start_delay_s())
     host = worker_host(cfg)
     recorder = StepRecorder(run.path, worker, "decode")
     # A taken port fails fast, named; a free port lost before vLLM bound it is picked again.
@@ -79,7 +80,7 @@ class DecodeServer:
 
     def __init__(self, run: RunDir, cfg: Config, rank: int, worker: str, engine, host: str):
         self.run, self.cfg, self.rank, self.worker, self.engine = run, cfg, rank, worker, engine
-        self.kv_faults = _injected_kv_faults()
+        self.kv_faults = failpoints.kv_faults()  # fault injection (tests only)
         self.ctx = zmq.asyncio.Context()
         self.sock = self.ctx.socket(zmq.ROUTER)
         self.sock.setsockopt(zmq.LINGER, 1000)
@@ -255,11 +256,11 @@ class DecodeServer:
 
         ``remote_prefill_cached_tokens`` only feeds vLLM's reporting, where it would replace this
         engine's own count of prompt tokens it did not compute; it is dropped so ``kv_tokens``
-        measures what this worker received instead of recomputing. Fault injection (tests,
-        :func:`_injected_kv_faults`) breaks the first hand-offs' transfer for real: with push the
-        request is registered under an id the prefill engine does not know (its KV never arrives,
-        the request times out); with pull it names a prefill engine that does not exist (vLLM's
-        NIXL handshake fails and the load fails)."""
+        measures what this worker received instead of recomputing. Fault injection (tests only,
+        :func:`pipeline.runtime.failpoints.kv_faults`) breaks the first hand-offs' transfer for
+        real: with push the request is registered under an id the prefill engine does not know
+        (its KV never arrives, the request times out); with pull it names a prefill engine that
+        does not exist (vLLM's NIXL handshake fails and the load fails)."""
         rid = h.request_id
         kv_params = {k: v for k, v in h.kv_transfer_params.items() if k != "remote_prefill_cached_tokens"}
         if self.kv_faults > 0:
@@ -323,9 +324,3 @@ class DecodeServer:
             self.pool.close()
         self.sock.close()
         self.ctx.term()
-
-
-def _injected_kv_faults() -> int:
-    """``PD_PIPELINE_INJECT_KV_FAULTS=N``: the first N hand-offs this worker takes over NIXL never
-    get their KV (fault-injection tests only; see :meth:`DecodeServer._nixl_params`)."""
-    return int(os.environ.get("PD_PIPELINE_INJECT_KV_FAULTS", "0") or 0)

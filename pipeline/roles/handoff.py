@@ -4,11 +4,8 @@ never arrived, under an explicit :class:`RetryPolicy`."""
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import logging
-import os
-import signal
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -20,6 +17,7 @@ from pipeline.io.output import RowResult, served_row
 from pipeline.io.prompts import Prompt
 from pipeline.roles.errors import DecodeLost
 from pipeline.roles.router import DecodeRouter
+from pipeline.runtime import failpoints
 from pipeline.runtime.ids import request_id
 from pipeline.wire.messages import Handoff, Reserve, Result
 
@@ -81,7 +79,7 @@ class PrefillHandoff:
         self.block_size = engine.vllm_config.cache_config.block_size
         self.policy = RetryPolicy(cfg.transport.handoff_retries + 1)
         self.samples = samples  # the sample columns are lists (RunDir.sample_lists)
-        self.freeze_s, self.prefills = _injected_freeze_s(), 0
+        self.freeze_s, self.prefills = failpoints.prefill_freeze_s(), 0  # fault injection (tests)
 
     async def serve(self, p: Prompt) -> RowResult:
         """The row's generation (or error row).
@@ -120,7 +118,7 @@ class PrefillHandoff:
             t_prefilled = time.time()
             self.prefills += 1
             if self.freeze_s and self.prefills == 2:
-                _freeze_engine(self.freeze_s)
+                failpoints.freeze_children(self.freeze_s)
             try:
                 res = await self.router.handoff(Handoff(
                     row_key=p.row_key, request_id=rid, prefill_worker=self.worker, attempt=self.attempt,
@@ -207,30 +205,3 @@ class PrefillHandoff:
             prefix_cached_tokens=pre.num_cached_tokens, tries=tries, capacity_wait_s=capacity_wait_s,
             stop_reason=res.stop_reason, logprobs=res.logprobs, cumulative_logprob=res.cumulative_logprob,
             others=res.others, samples=self.samples)
-
-
-def _injected_freeze_s() -> float:
-    """``PD_PIPELINE_INJECT_PREFILL_FREEZE_S=S`` (fault-injection tests only): after this worker's
-    second prefill (the first hand-off has set up the decode worker's NIXL connection to it), its
-    engine's processes stop for S seconds (:func:`_freeze_engine`)."""
-    return float(os.environ.get("PD_PIPELINE_INJECT_PREFILL_FREEZE_S", "0") or 0)
-
-
-def _freeze_engine(seconds: float) -> None:
-    """Stop this process's descendants (the engine core and its model worker) with SIGSTOP and
-    continue them ``seconds`` later, as on a hung node: the KV they hold is not served meanwhile
-    over a transport that needs the prefill side (TCP); this process goes on and hands off."""
-    import psutil
-
-    procs = psutil.Process().children(recursive=True)
-    for proc in procs:
-        proc.send_signal(signal.SIGSTOP)
-
-    def thaw() -> None:
-        for proc in procs:
-            try:
-                proc.send_signal(signal.SIGCONT)
-            except psutil.Error:
-                pass
-
-    asyncio.get_running_loop().call_later(seconds, thaw)
