@@ -12,48 +12,30 @@ prompt is tokenized as written. A body field that would change the generation an
 pipeline does not implement makes an error row; fields that do not (``model``, ``user``,
 ``metadata`` ...) are ignored.
 
-Output: :func:`write_batch_output` turns the output shard into the OpenAI batch output format,
-one line per request, in input order (:func:`output_line`).
+A body's sampling fields: :mod:`pipeline.io.openai_body`. Output:
+:func:`pipeline.io.openai_output.write_batch_output`.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
-import time
-import uuid
 from typing import Any
 
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 from pipeline.config import JobConfig, SamplingConfig
-from pipeline.io.atomic import atomic_write, url_to_fs
 from pipeline.io.formats import LINE_ERROR, json_kind
+from pipeline.io.openai_body import SAMPLING, body_sampling
 from pipeline.io.prompts import Prompt, make_prompts
 from pipeline.io.sampling import row_sampling
 
 CHAT, COMPLETIONS = "/v1/chat/completions", "/v1/completions"
 MESSAGES = pa.list_(pa.struct([("role", pa.string()), ("content", pa.string())]))
-SAMPLING = pa.struct([
-    ("max_tokens", pa.int64()), ("temperature", pa.float64()), ("top_p", pa.float64()), ("seed", pa.int64()),
-    ("stop", pa.list_(pa.string())), ("n", pa.int64()), ("logprobs", pa.int64()),
-    ("presence_penalty", pa.float64()), ("frequency_penalty", pa.float64()), ("top_k", pa.int64()),
-    ("min_p", pa.float64()), ("repetition_penalty", pa.float64()), ("stop_token_ids", pa.list_(pa.int64())),
-    ("ignore_eos", pa.bool_()), ("min_tokens", pa.int64()), ("json_schema", pa.string()), ("regex", pa.string()),
-    ("choice", pa.list_(pa.string())),
-])
 REQUEST_SAMPLING = "sampling_params"  # the column of a request's sampling, whatever job.sampling_column says
 REQUEST_SCHEMA = pa.schema([("id", pa.string()), ("url", pa.string()), ("model", pa.string()),
                             ("messages", MESSAGES), ("text", pa.string()), (REQUEST_SAMPLING, SAMPLING),
                             (LINE_ERROR, pa.string())])
-#: Body fields that do not change what is generated.
-IGNORED = {"model", "user", "metadata", "store", "service_tier", "stream_options", "parallel_tool_calls"}
-#: Body fields accepted only at a value that changes nothing.
-NEUTRAL = {"stream": (False,), "echo": (False,), "logit_bias": ({},), "tools": ([],), "tool_choice": ("none", "auto"),
-           "suffix": ("",), "best_of": (1,)}
-_TYPES = {pa.int64(): "an integer", pa.float64(): "a number", pa.bool_(): "a boolean", pa.string(): "a string",
-          pa.list_(pa.string()): "a list of strings", pa.list_(pa.int64()): "a list of integers"}
 
 
 def is_request(value: Any) -> bool:
@@ -61,79 +43,6 @@ def is_request(value: Any) -> bool:
     and one of ``url``, ``body``, ``method`` (a file whose first valid line is one is read as
     an OpenAI batch file)."""
     return isinstance(value, dict) and "custom_id" in value and any(k in value for k in ("url", "body", "method"))
-
-
-def _fits(value: Any, t: pa.DataType) -> bool:
-    if t == pa.int64():
-        return isinstance(value, int) and not isinstance(value, bool) and -2**63 <= value < 2**63
-    if t == pa.float64():
-        return isinstance(value, (int, float)) and not isinstance(value, bool)
-    if t == pa.bool_():
-        return isinstance(value, bool)
-    if t == pa.string():
-        return isinstance(value, str)
-    return isinstance(value, list) and all(_fits(v, t.value_type) for v in value)
-
-
-def _structured(key: str, value: Any) -> dict[str, Any]:
-    """``response_format``, ``guided_*`` or ``structured_outputs`` as sampling fields."""
-    if key == "response_format":
-        kind = value.get("type") if isinstance(value, dict) else None
-        if kind == "text":
-            return {}
-        if kind == "json_object":
-            return {"json_schema": {"type": "object"}}
-        if kind == "json_schema" and isinstance(value.get("json_schema"), dict) and "schema" in value["json_schema"]:
-            return {"json_schema": value["json_schema"]["schema"]}
-        raise ValueError("body.response_format: type text, json_object or json_schema (with json_schema.schema)")
-    if key == "structured_outputs":
-        if not isinstance(value, dict) or set(value) - {"json", "regex", "choice"}:
-            raise ValueError("body.structured_outputs: only json, regex and choice are supported")
-        return {("json_schema" if k == "json" else k): v for k, v in value.items() if v is not None}
-    return {{"guided_json": "json_schema", "guided_regex": "regex", "guided_choice": "choice"}[key]: value}
-
-
-def body_sampling(body: dict, chat: bool) -> dict[str, Any]:
-    """The ``sampling_params`` of a request body: its sampling fields under vLLM's names
-    (``max_completion_tokens`` -> ``max_tokens``; chat's ``logprobs: true`` + ``top_logprobs``
-    and completions' ``logprobs: k`` -> ``logprobs``; ``response_format`` / ``guided_*`` /
-    ``structured_outputs`` -> ``json_schema`` / ``regex`` / ``choice``). Ranges are checked
-    later, with the row's sampling.
-
-    Raises:
-        ValueError: a field that changes the generation and is not supported, or a value of
-            the wrong type; one line naming ``body.<field>``.
-    """
-    out: dict[str, Any] = {}
-    for key, value in body.items():
-        if value is None or key in IGNORED or key in ("messages", "prompt", "logprobs", "top_logprobs"):
-            continue
-        if key in NEUTRAL:
-            if value not in NEUTRAL[key] and not (key == "best_of" and value == body.get("n")):
-                raise ValueError(f"body.{key}={json.dumps(value)} is not supported (it would change the generation)")
-        elif key in ("response_format", "structured_outputs", "guided_json", "guided_regex", "guided_choice"):
-            out.update(_structured(key, value))
-        elif key == "max_completion_tokens" or key in SAMPLING.names:
-            name = "max_tokens" if key == "max_completion_tokens" else key
-            if name in out and out[name] != value:
-                raise ValueError("body.max_tokens and body.max_completion_tokens differ")
-            out[name] = [value] if name == "stop" and isinstance(value, str) else value
-        else:
-            raise ValueError(f"body.{key} is not supported (known fields: {', '.join(sorted(SAMPLING.names))}, "
-                             f"max_completion_tokens, logprobs, top_logprobs, response_format)")
-    logprobs, top = body.get("logprobs"), body.get("top_logprobs")
-    if chat and logprobs not in (None, False, True):
-        raise ValueError(f"body.logprobs is a JSON {json_kind(logprobs)}, not a boolean (chat requests)")
-    if chat and top is not None and logprobs is not True:
-        raise ValueError("body.top_logprobs needs body.logprobs=true")
-    out["logprobs"] = (top or 0) if chat and logprobs is True else (None if chat or logprobs is None else logprobs)
-    if isinstance(out.get("json_schema"), (dict, bool)):
-        out["json_schema"] = json.dumps(out["json_schema"])
-    for name, value in out.items():
-        t = SAMPLING.field(name).type
-        if value is not None and not _fits(value, t):
-            raise ValueError(f"body.{name} is a JSON {json_kind(value)}, not {_TYPES[t]}")
-    return out
 
 
 def _messages(messages: Any) -> list[dict[str, Any]]:
@@ -288,98 +197,3 @@ def request_prompts(rows: pa.RecordBatch, keys: list[str], job: JobConfig, token
     plain = make_prompts(texts, keys, dataclasses.replace(own, messages_column=None), _AsWritten(tokenizer),
                          max_model_len, **kw)
     return [c if m is not None else t for c, t, m in zip(chat, plain, messages)]
-
-
-# -- Output -------------------------------------------------------------------------------------
-
-
-def _hex() -> str:
-    return uuid.uuid4().hex
-
-
-def _logprobs(steps: list | None, token_ids: list[int] | None, top: int, chat: bool, tokenizer: Any) -> Any:
-    """The output's ``logprobs`` (per token, its top-k ``{token_id, logprob}``, the chosen
-    token included) in OpenAI's chat or completions form."""
-    if steps is None or token_ids is None:
-        return None
-    text = (lambda t: tokenizer.decode([t])) if tokenizer is not None else (lambda t: f"token_id:{t}")
-    chosen, best = [], []
-    for token, step in zip(token_ids, steps):
-        step = sorted(step or [], key=lambda c: -c["logprob"])
-        chosen.append((text(token), next((c["logprob"] for c in step if c["token_id"] == token), None)))
-        best.append([(text(c["token_id"]), c["logprob"]) for c in step[:top]])
-    if chat:
-        return {"content": [{"token": t, "logprob": lp, "bytes": list(t.encode()),
-                             "top_logprobs": [{"token": s, "logprob": v, "bytes": list(s.encode())} for s, v in b]}
-                            for (t, lp), b in zip(chosen, best)]}
-    offsets, at = [], 0
-    for t, _ in chosen:
-        offsets.append(at)
-        at += len(t)
-    return {"tokens": [t for t, _ in chosen], "token_logprobs": [lp for _, lp in chosen],
-            "top_logprobs": [dict(b) for b in best], "text_offset": offsets}
-
-
-SAMPLE_COLUMNS = ("generation", "finish_reason", "stop_reason", "generation_token_ids", "logprobs")
-
-
-def _samples(row: dict) -> list[dict]:
-    """A row's samples: its generation, or each of its list of generations (``n`` > 1, where
-    the other sample columns hold one entry per sample)."""
-    if not isinstance(row.get("generation"), list):
-        return [{k: row.get(k) for k in SAMPLE_COLUMNS}]
-    n = len(row["generation"])
-    per = {k: v if isinstance(v := row.get(k), list) and len(v) == n else [v] * n for k in SAMPLE_COLUMNS}
-    return [{k: per[k][i] for k in SAMPLE_COLUMNS} for i in range(n)]
-
-
-def _choices(row: dict, chat: bool, tokenizer: Any) -> list[dict]:
-    top = (row.get("sampling_params") or {}).get("logprobs") or 0
-    out = []
-    for i, s in enumerate(_samples(row)):
-        content = {"message": {"role": "assistant", "content": s["generation"]}} if chat else {"text": s["generation"]}
-        out.append({"index": i, **content,
-                    "logprobs": _logprobs(s["logprobs"], s["generation_token_ids"], top, chat, tokenizer),
-                    "finish_reason": s["finish_reason"], "stop_reason": s["stop_reason"]})
-    return out
-
-
-def output_line(row: dict, created: int, tokenizer: Any = None) -> dict:
-    """One request's line of the OpenAI batch output from its output-shard row: a response
-    (status 200, the completion body) or, for an error row, ``error`` {code, message} with
-    status 400 (``invalid_request``: the request or its prompt was refused, never served) or
-    500 (``server_error``: serving it failed)."""
-    line = {"id": f"batch_req_{_hex()}", "custom_id": row.get("id")}
-    if row.get("error") is not None:
-        invalid = row.get("queue_s") is None
-        line["response"] = {"status_code": 400 if invalid else 500, "request_id": f"req_{_hex()}", "body": None}
-        line["error"] = {"code": "invalid_request" if invalid else "server_error", "message": row["error"]}
-        return line
-    chat = row.get("url") == CHAT
-    prompt, completion = row.get("prompt_tokens") or 0, row.get("output_tokens") or 0
-    body = {"id": f"{'chatcmpl' if chat else 'cmpl'}-{_hex()}", "object": "chat.completion" if chat else "text_completion",
-            "created": created, "model": row.get("model"), "choices": _choices(row, chat, tokenizer),
-            "usage": {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}}
-    line["response"] = {"status_code": 200, "request_id": f"req_{_hex()}", "body": body}
-    line["error"] = None
-    return line
-
-
-COLUMNS = ("id", "url", "model", "sampling_params", "generation", "generation_token_ids", "finish_reason",
-           "stop_reason", "logprobs", "prompt_tokens", "output_tokens", "error", "queue_s")
-
-
-def write_batch_output(shard_url: str, jsonl_url: str, tokenizer: Any = None, rows: int = 1024) -> int:
-    """Write the OpenAI batch output of an output shard (Parquet at ``shard_url``) to
-    ``jsonl_url``, atomically: one line per row, in order (:func:`output_line`), read
-    ``rows`` at a time. Returns the lines written."""
-    fs, path = url_to_fs(shard_url)
-    created, written = int(time.time()), 0
-    with fs.open(path, "rb") as f, atomic_write(jsonl_url, "w") as out:
-        shard = pq.ParquetFile(f)
-        columns = [c for c in COLUMNS if c in shard.schema_arrow.names]
-        for batch in shard.iter_batches(batch_size=rows, columns=columns):
-            for row in batch.to_pylist():
-                out.write(json.dumps(output_line(row, created, tokenizer), ensure_ascii=False) + "\n")
-                written += 1
-    return written

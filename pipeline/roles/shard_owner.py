@@ -21,8 +21,8 @@ from pipeline.io.atomic import atomic_write
 from pipeline.io.checkpoint import RowCheckpoint
 from pipeline.io.formats import LINE_ERROR, line_errors
 from pipeline.io.metrics import request_record, write_request_metrics
-from pipeline.io.openai_batch import (REQUEST_SAMPLING, body_errors, is_request_batch, request_prompts,
-                                      write_batch_output)
+from pipeline.io.openai_batch import REQUEST_SAMPLING, body_errors, is_request_batch, request_prompts
+from pipeline.io.openai_output import write_batch_output
 from pipeline.io.output import RowResult, build_output, output_schema, row_ids
 from pipeline.io.prompts import Prompt, make_prompts
 from pipeline.io.sampling import row_sampling

@@ -10,8 +10,9 @@ import pyarrow.parquet as pq
 import pytest
 
 from pipeline.config import compose
-from pipeline.io.openai_batch import (CHAT, COMPLETIONS, body_sampling, output_line, request_batch, request_prompts,
-                                      write_batch_output)
+from pipeline.io.openai_batch import CHAT, COMPLETIONS, request_batch, request_prompts
+from pipeline.io.openai_body import body_sampling
+from pipeline.io.openai_output import output_line, write_batch_output
 from pipeline.io.output import RowResult, build_output, output_schema, row_ids
 from pipeline.io.sampling import row_sampling
 from pipeline.io.shards import batch_output_url, iter_batches, list_shards, shard_format, shard_schema
