@@ -3,6 +3,7 @@ after every engine step and writes them as :data:`pipeline.io.metrics.WORKER_SCH
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 from pathlib import Path
@@ -14,6 +15,12 @@ from pipeline.io.atomic import write_parquet
 from pipeline.io.metrics import WORKER_SCHEMA
 
 FLUSH_EVERY_S = 30.0
+#: Steps held while their part cannot be written (about 1 KB each); the oldest beyond are dropped.
+HELD_STEPS_MAX = 20_000
+#: Seconds between two warnings while the parts cannot be written.
+WARN_EVERY_S = 600.0
+
+log = logging.getLogger(__name__)
 
 
 #: Worker-metrics list columns <- keys of the step's ``SchedulerStats.kv_connector_stats`` (the
@@ -38,7 +45,9 @@ class StepRecorder:
     ``RUN_DIR/metrics/workers/<worker>.<pid>.<part>.parquet``, one new part per flush.
 
     Cost: one tuple appended per engine step, ~1 us (measured; steps take milliseconds), and a
-    Parquet part per ``FLUSH_EVERY_S`` seconds; memory holds only the steps since the last flush.
+    Parquet part per ``FLUSH_EVERY_S`` seconds; memory holds only the steps since the last flush
+    (while parts cannot be written, up to :data:`HELD_STEPS_MAX` of them: see :meth:`flush`).
+    ``lost``: the steps dropped so far, never written.
     """
 
     def __init__(self, run_path: Path, worker: str, role: str):
@@ -46,8 +55,11 @@ class StepRecorder:
         self.stem = f"{worker}.{os.getpid()}"
         self.parts = 0
         self.worker, self.role = worker, role
-        self.rows: list[tuple] = []
+        self.rows: list[dict] = []
         self.flushed_at = time.monotonic()
+        self.lost = 0
+        self.failing: str | None = None  # the last write's error while writes fail
+        self.warned_at = 0.0  # time.monotonic() of the last warning about it
 
     def record(self, scheduler_stats: Any, iteration_stats: Any) -> None:
         if scheduler_stats is None and iteration_stats is None:
@@ -73,18 +85,53 @@ class StepRecorder:
             self.flush()
 
     def flush(self) -> None:
+        """Write the steps held since the last part written as one new part. Never raises for a
+        write that fails (``OSError``: a file system full, read-only or gone; metrics must never
+        take a worker down): the steps are held for the next flush (every ``FLUSH_EVERY_S``
+        seconds), at most :data:`HELD_STEPS_MAX` of them, the oldest beyond dropped and counted
+        in ``lost``. The first failure is a warning naming the path and the error, repeated every
+        :data:`WARN_EVERY_S` seconds while writes fail; the first write after them says so."""
         self.flushed_at = time.monotonic()
         if not self.rows:
             return
-        rows, self.rows = self.rows, []
-        for r in rows:
+        for r in self.rows:
             r["worker"], r["role"] = self.worker, self.role
+        path = self.directory / f"{self.stem}.{self.parts:05d}.parquet"
         try:
-            write_parquet(pa.Table.from_pylist(rows, schema=WORKER_SCHEMA),
-                   self.directory / f"{self.stem}.{self.parts:05d}.parquet")
-            self.parts += 1
-        except OSError:  # metrics must never take a worker down
-            pass
+            write_parquet(pa.Table.from_pylist(self.rows, schema=WORKER_SCHEMA), path)
+        except OSError as exc:
+            self._failed(path, exc)
+            return
+        self.parts += 1
+        if self.failing is not None:
+            log.warning("engine step metrics written again to %s (%d steps, held while writes failed%s)", path,
+                        len(self.rows), f"; {self.lost} dropped" if self.lost else "")
+            self.failing = None
+        self.rows = []
+
+    def _failed(self, path: Path, exc: OSError) -> None:
+        over = len(self.rows) - HELD_STEPS_MAX
+        if over > 0:
+            del self.rows[:over]
+            self.lost += over
+        now = time.monotonic()
+        if self.failing is None or now - self.warned_at >= WARN_EVERY_S:
+            log.warning("could not write engine step metrics to %s: %s; holding %d steps for the next try in %g s"
+                        "%s", path, exc, len(self.rows), FLUSH_EVERY_S,
+                        f" ({self.lost} older steps dropped: more than {HELD_STEPS_MAX} held)" if self.lost else "")
+            self.warned_at = now
+        self.failing = str(exc)
+
+    def close(self) -> None:
+        """The worker's last flush (:meth:`flush`). Steps it cannot write are lost: a warning
+        says how many steps were never written in all, with the directory and the last error."""
+        self.flush()
+        if self.rows:
+            self.lost += len(self.rows)
+            self.rows = []
+        if self.lost:
+            log.warning("%d engine steps of %s were never written to %s (%s): its step metrics miss them",
+                        self.lost, self.worker, self.directory, self.failing or "held past the limit")
 
 
 def step_recorder_factory(recorder: StepRecorder):

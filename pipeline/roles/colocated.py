@@ -54,5 +54,5 @@ async def _colocated(run: RunDir, task: int, limit: int | None, cpus: str | None
     finally:
         claims.stop_heartbeat()
         stop_engine(engine)
-        recorder.flush()
+        recorder.close()  # the last flush; says what was never written
     return worker

@@ -63,7 +63,7 @@ async def _decode(run: RunDir, rank: int, cpus: str | None) -> str:
     finally:
         server.close()
         stop_engine(engine)
-        recorder.flush()
+        recorder.close()  # the last flush; says what was never written
     return worker
 
 

@@ -56,5 +56,5 @@ async def _prefill(run: RunDir, task: int, limit: int | None, cpus: str | None) 
         if router is not None:
             router.close()
         stop_engine(engine)
-        recorder.flush()
+        recorder.close()  # the last flush; says what was never written
     return worker
