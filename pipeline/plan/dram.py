@@ -154,96 +154,171 @@ def dram_tier(model: ModelShape, hw: Hardware, wl: Workload, pred: Prediction, *
         ValueError: ``pred`` is colocated, ``headroom < 1``, or a worker's KV cache holds less
             than one whole request.
     """
-    if pred.mode != "disaggregated":
-        raise ValueError("the DRAM tier sits on decode workers: give a disaggregated prediction")
-    if not headroom >= 1:
-        raise ValueError(f"DRAM headroom must be >= 1, got {headroom}")
+    _check_split(pred, headroom)
     tp, x, y = pred.decode_tp, pred.prefill_workers, pred.decode_workers
     k = model.kv_bytes_per_token
     p, o = wl.mean_prompt, wl.mean_output
     request_bytes, load_bytes = k * (p + o), k * p
     cap = kv_capacity(model, hw, tp)
+    slots, admitted = _slots(model, hw, cap, request_bytes, load_bytes)
+    load = host_load_time(load_bytes, hw, tp)
+    transfer = pred.kv_transfer_s
+    if wl.rate is not None:
+        occ = _at_rate(model, hw, wl, pred, slots, load)
+    else:
+        occ = _in_batch(model, hw, wl, pred, slots, load)
+    hold = pred.queue_wait_s + pred.prefill_s + transfer + occ.wait + occ.residence
+    per_node = max(1, hw.node_devices // tp)
+    on_node = min(y, per_node)
+    dram = node_dram(hw)
+    sized, worker_bytes = _sized(occ.staged, headroom, load_bytes)
+    node_bytes = on_node * worker_bytes
+    full, sized_1pct = _full_chances(wl, slots, occ, sized)
+    fits = node_bytes <= dram
+    notes = occ.notes + _node_note(fits, on_node, node_bytes, dram)
+    return DramTier(
+        prefill_workers=x, decode_workers=y, tp=tp, workers_per_node=per_node, decode_nodes=math.ceil(y / per_node),
+        headroom=headroom, request_bytes=request_bytes, load_bytes=load_bytes, kv_capacity_bytes=cap,
+        slots=slots, admitted=admitted, swapped=max(0, admitted - slots), rate=occ.lam, itl_s=occ.itl,
+        transfer_s=transfer, load_s=load, residence_s=occ.residence, offered=occ.offered,
+        wait_probability=occ.wait_p, admit_wait_s=occ.wait, hold_s=hold, upstream=occ.upstream,
+        waiting=occ.waiting, decoding=occ.decoding, staged=occ.staged, in_flight=occ.in_flight,
+        sized_requests=sized, worker_bytes=worker_bytes, node_bytes=node_bytes, node_dram_bytes=dram, fits=fits,
+        full_probability=full, sized_1pct=sized_1pct, prefill_hold_s=transfer, load_steps=load / occ.itl,
+        blocking_itl_s=occ.itl + load, split_ttft_s=pred.ttft_s, ttft_s=pred.ttft_s + occ.wait + load,
+        h2d_util=occ.lam * load, itl_target_s=itl_target_s, notes=notes)
+
+
+def _check_split(pred: Prediction, headroom: float) -> None:
+    """Raises ValueError: ``pred`` is colocated, or ``headroom < 1``."""
+    if pred.mode != "disaggregated":
+        raise ValueError("the DRAM tier sits on decode workers: give a disaggregated prediction")
+    if not headroom >= 1:
+        raise ValueError(f"DRAM headroom must be >= 1, got {headroom}")
+
+
+def _slots(model: ModelShape, hw: Hardware, cap: float, request_bytes: float, load_bytes: float) -> tuple[int, int]:
+    """(sequences one worker's KV cache of ``cap`` bytes holds at full length, at prompt length).
+
+    Raises:
+        ValueError: it holds less than one whole request.
+    """
     slots = int(min(hw.max_batch, math.floor(cap / request_bytes)))
     admitted = int(min(hw.max_batch, math.floor(cap / load_bytes)))
     if slots < 1:
         raise ValueError(f"{model.name}: the KV cache of one worker ({cap / GIB:.3g} GiB) holds less than one "
                          f"whole request ({request_bytes / GIB:.3g} GiB); use more devices per worker (--tp)")
-    swapped = max(0, admitted - slots)
-    load = host_load_time(load_bytes, hw, tp)
-    transfer = pred.kv_transfer_s
+    return slots, admitted
+
+
+@dataclass
+class _Occupancy:
+    """Requests per decode worker and where they are (:class:`DramTier`'s fields of the same
+    meaning: ``lam`` is ``rate``, ``wait`` is ``admit_wait_s``)."""
+
+    lam: float
+    itl: float
+    residence: float
+    offered: float
+    wait_p: float | None
+    wait: float
+    upstream: float
+    waiting: float
+    decoding: float
+    staged: float
+    in_flight: float | None = None
+    notes: list[str] = field(default_factory=list)
+
+
+def _at_rate(model: ModelShape, hw: Hardware, wl: Workload, pred: Prediction, slots: int, load: float) -> _Occupancy:
+    """Requests arriving at ``wl.rate``: an M/M/c queue for the slots, Little's law for the rest
+    (see :func:`dram_tier`)."""
+    lam = wl.rate / pred.decode_workers
+    itl = pred.itl_s
+    o = wl.mean_output
+    residence = load + o * itl
+    offered = lam * residence
     notes: list[str] = []
-    in_flight = None
-    if wl.rate is not None:
-        lam = wl.rate / y
-        itl = pred.itl_s
-        residence = load + o * itl
-        offered = lam * residence
-        if offered < slots:
-            wait_p = erlang_c(slots, offered)
-            wait = wait_p * residence / (slots - offered)
-        else:
-            wait_p, wait = 1.0, math.inf
-
-            def busy(w: int) -> float:
-                try:
-                    return wl.rate / w * (load + o * decode_concurrency(model, hw, wl.rate / w, o,
-                                                                         wl.decode_context, tp)[1]) / slots
-                except ValueError:
-                    return math.inf
-
-            need = fewest_workers(busy, 1 - 1e-9, y + 1)
-            notes.append(f"decode admission overloaded: {offered:.3g} of {slots} slots busy per worker, so the "
-                         f"DRAM backlog grows without bound; it needs at least {need} decode workers")
-        upstream = lam * (pred.queue_wait_s + pred.prefill_s + transfer)
-        waiting = lam * wait
-        decoding = min(offered, slots)
-        staged = upstream + waiting + decoding
+    if offered < slots:
+        wait_p = erlang_c(slots, offered)
+        wait = wait_p * residence / (slots - offered)
     else:
-        feed = x / max(pred.prefill_s, transfer)
-        lam = feed / y
-        itl = decode_step_time(model, hw, slots, wl.decode_context, tp)
-        residence = load + o * itl
-        offered = lam * residence
-        mu = slots / residence
-        prefill_phase = wl.count / feed
-        in_flight = min(wl.count, x * (pred.rows_in_flight or wl.count)) / y
-        waiting = min(max(0.0, in_flight - slots),
-                      max(0.0, lam * prefill_phase - slots - mu * max(0.0, prefill_phase - residence)))
-        wait_p, wait = None, waiting / (2 * mu)
-        decoding = min(in_flight, slots)
-        upstream = max(0.0, in_flight - decoding - waiting)
-        staged = in_flight
-        if lam > mu:
-            notes.append(f"batch: prefill delivers {lam:.3g} requests/s per decode worker, decode completes "
-                         f"{mu:.3g}; the backlog peaks at the end of prefill. With less DRAM prefill waits "
-                         f"for room, and the makespan does not change (decode is the bottleneck)")
-    hold = pred.queue_wait_s + pred.prefill_s + transfer + wait + residence
-    per_node = max(1, hw.node_devices // tp)
-    on_node = min(y, per_node)
-    dram = node_dram(hw)
-    if math.isfinite(staged):
-        sized: int | None = max(1, math.ceil(headroom * staged - 1e-9))
-        worker_bytes = sized * load_bytes
-    else:
-        sized, worker_bytes = None, math.inf
-    node_bytes = on_node * worker_bytes
-    full = sized_1pct = None
-    if wl.rate is not None and sized is not None:
-        full = dram_full_probability(slots, offered, upstream, sized)
-        sized_1pct = next(m for m in range(1, sized + 100_000)
-                          if dram_full_probability(slots, offered, upstream, m) <= 0.01)
-    fits = node_bytes <= dram
-    if not fits and math.isfinite(node_bytes):
-        notes.append(f"the DRAM pools of {on_node} decode worker{'s' if on_node > 1 else ''} ({node_bytes / GIB:.4g} "
-                     f"GiB) exceed the node's {dram / GIB:.4g} GiB: fewer workers per node, more decode workers, "
-                     f"or less headroom")
-    return DramTier(
-        prefill_workers=x, decode_workers=y, tp=tp, workers_per_node=per_node, decode_nodes=math.ceil(y / per_node),
-        headroom=headroom, request_bytes=request_bytes, load_bytes=load_bytes, kv_capacity_bytes=cap,
-        slots=slots, admitted=admitted, swapped=swapped, rate=lam, itl_s=itl, transfer_s=transfer, load_s=load,
-        residence_s=residence, offered=offered, wait_probability=wait_p, admit_wait_s=wait, hold_s=hold,
-        upstream=upstream, waiting=waiting, decoding=decoding, staged=staged, in_flight=in_flight,
-        sized_requests=sized, worker_bytes=worker_bytes, node_bytes=node_bytes, node_dram_bytes=dram, fits=fits,
-        full_probability=full, sized_1pct=sized_1pct, prefill_hold_s=transfer, load_steps=load / itl,
-        blocking_itl_s=itl + load, split_ttft_s=pred.ttft_s, ttft_s=pred.ttft_s + wait + load, h2d_util=lam * load,
-        itl_target_s=itl_target_s, notes=notes)
+        wait_p, wait = 1.0, math.inf
+        notes.append(_overload_note(model, hw, wl, pred, slots, load, offered))
+    upstream = lam * (pred.queue_wait_s + pred.prefill_s + pred.kv_transfer_s)
+    waiting = lam * wait
+    decoding = min(offered, slots)
+    return _Occupancy(lam, itl, residence, offered, wait_p, wait, upstream, waiting, decoding,
+                      upstream + waiting + decoding, notes=notes)
+
+
+def _overload_note(model: ModelShape, hw: Hardware, wl: Workload, pred: Prediction, slots: int, load: float,
+                   offered: float) -> str:
+    """Why a decode worker's admission cannot keep up, and the fewest decode workers that can."""
+    o, tp = wl.mean_output, pred.decode_tp
+
+    def busy(w: int) -> float:
+        try:
+            return wl.rate / w * (load + o * decode_concurrency(model, hw, wl.rate / w, o,
+                                                                 wl.decode_context, tp)[1]) / slots
+        except ValueError:
+            return math.inf
+
+    need = fewest_workers(busy, 1 - 1e-9, pred.decode_workers + 1)
+    return (f"decode admission overloaded: {offered:.3g} of {slots} slots busy per worker, so the "
+            f"DRAM backlog grows without bound; it needs at least {need} decode workers")
+
+
+def _in_batch(model: ModelShape, hw: Hardware, wl: Workload, pred: Prediction, slots: int,
+              load: float) -> _Occupancy:
+    """A batch (no rate): every row in flight holds its reservation; those waiting for a slot
+    as a fluid (see :func:`dram_tier`)."""
+    x, y = pred.prefill_workers, pred.decode_workers
+    feed = x / max(pred.prefill_s, pred.kv_transfer_s)
+    lam = feed / y
+    itl = decode_step_time(model, hw, slots, wl.decode_context, pred.decode_tp)
+    residence = load + wl.mean_output * itl
+    offered = lam * residence
+    mu = slots / residence
+    prefill_phase = wl.count / feed
+    in_flight = min(wl.count, x * (pred.rows_in_flight or wl.count)) / y
+    waiting = min(max(0.0, in_flight - slots),
+                  max(0.0, lam * prefill_phase - slots - mu * max(0.0, prefill_phase - residence)))
+    decoding = min(in_flight, slots)
+    upstream = max(0.0, in_flight - decoding - waiting)
+    notes = []
+    if lam > mu:
+        notes.append(f"batch: prefill delivers {lam:.3g} requests/s per decode worker, decode completes "
+                     f"{mu:.3g}; the backlog peaks at the end of prefill. With less DRAM prefill waits "
+                     f"for room, and the makespan does not change (decode is the bottleneck)")
+    return _Occupancy(lam, itl, residence, offered, None, waiting / (2 * mu), upstream, waiting, decoding,
+                      in_flight, in_flight=in_flight, notes=notes)
+
+
+def _sized(staged: float, headroom: float, load_bytes: float) -> tuple[int | None, float]:
+    """(requests one worker's pool is sized for, its bytes): ``ceil(headroom x staged)``, at
+    least 1; (None, inf) when ``staged`` grows without bound."""
+    if not math.isfinite(staged):
+        return None, math.inf
+    sized = max(1, math.ceil(headroom * staged - 1e-9))
+    return sized, sized * load_bytes
+
+
+def _full_chances(wl: Workload, slots: int, occ: _Occupancy, sized: int | None) -> tuple[float | None, int | None]:
+    """(the chance a reservation finds ``sized`` requests' pool full, the fewest requests that
+    bring it to 1%): None for a batch or an unbounded backlog."""
+    if wl.rate is None or sized is None:
+        return None, None
+    full = dram_full_probability(slots, occ.offered, occ.upstream, sized)
+    sized_1pct = next(m for m in range(1, sized + 100_000)
+                      if dram_full_probability(slots, occ.offered, occ.upstream, m) <= 0.01)
+    return full, sized_1pct
+
+
+def _node_note(fits: bool, on_node: int, node_bytes: float, dram: float) -> list[str]:
+    """A note when the decode workers' pools on one node exceed its DRAM (none when unbounded)."""
+    if fits or not math.isfinite(node_bytes):
+        return []
+    return [f"the DRAM pools of {on_node} decode worker{'s' if on_node > 1 else ''} ({node_bytes / GIB:.4g} "
+            f"GiB) exceed the node's {dram / GIB:.4g} GiB: fewer workers per node, more decode workers, "
+            f"or less headroom"]
