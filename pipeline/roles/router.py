@@ -83,6 +83,9 @@ class DecodeRouter:
         # message within ack_timeout_s and have not answered since
         self.unreachable: dict[int, float] = {}
         self.names: dict[int, str] = {}  # rank -> its worker id (decode-1@node4), for messages
+        # (rank, why) -> replies from it dropped for that reason (unsigned, malformed): the first
+        # is logged, the count when this router closes
+        self.dropped: dict[tuple[int, str], int] = {}
         # rank -> (its heartbeat value last read, time.monotonic() when that value was first seen)
         self.beats: dict[int, tuple[object, float]] = {}
         self.changed = asyncio.Event()
@@ -198,7 +201,11 @@ class DecodeRouter:
         while True:
             try:
                 msg = decode(verify(self.secret, await sock.recv()))
-            except (Unauthenticated, msgspec.DecodeError):
+            except Unauthenticated:
+                self._dropped(rank, "not signed with this run's secret")
+                continue
+            except msgspec.DecodeError as exc:
+                self._dropped(rank, "malformed", exc)
                 continue
             self._reached(rank)
             fut = None
@@ -210,6 +217,17 @@ class DecodeRouter:
                 fut = self.inflight.get(rank, {}).get(("reserve", msg.request_id))
             if fut is not None and not fut.done():
                 fut.set_result(msg)
+
+    def _dropped(self, rank: int, why: str, exc: Exception | None = None) -> None:
+        """A reply from ``rank`` is dropped for ``why``: said once per rank and reason (the first
+        one's error given), counted after that; :meth:`close` gives the counts."""
+        n = self.dropped[(rank, why)] = self.dropped.get((rank, why), 0) + 1
+        if n == 1:
+            log.warning("dropping a reply from decode rank %d (%s, %s): %s%s; the row it answered, if any, waits "
+                        "for it until transport.ack_timeout_s (%g s) or transport.handoff_timeout_s (%g s) runs out; "
+                        "further such replies from it are counted, not logged", rank, self.names.get(rank),
+                        self.endpoints.get(rank), why, f" ({exc})" if exc is not None else "", self.ack_timeout_s,
+                        self.timeout_s)
 
     def check_fits(self, kv_tokens: int, prompt_tokens: int | None = None) -> None:
         """Raise :class:`KVTooLarge` if no known decode worker's KV cache holds ``kv_tokens``
@@ -346,6 +364,9 @@ class DecodeRouter:
             self.inflight_tokens[rank] = self.inflight_tokens.get(rank, 0) - need
 
     def close(self) -> None:
+        for (rank, why), n in sorted(self.dropped.items()):
+            if n > 1:
+                log.warning("dropped %d replies from decode rank %d (%s) in all: %s", n, rank, self.names.get(rank), why)
         self.monitor.cancel()
         self.renewing.cancel()
         for t in self.receivers.values():
