@@ -4,6 +4,7 @@ workload and model it served, and fit the ``cpu`` profile's rates to its timings
 
 from __future__ import annotations
 
+import logging
 import os
 from dataclasses import replace
 from pathlib import Path
@@ -13,6 +14,8 @@ from pipeline.plan.costs import prefill_flops
 from pipeline.plan.hardware import Hardware, hardware
 from pipeline.plan.model import ModelShape, read_json, shape_from_hf
 from pipeline.plan.workload import Workload
+
+log = logging.getLogger(__name__)
 
 
 def _output_dir(run_or_output: str | os.PathLike) -> tuple[Path, Path | None]:
@@ -150,13 +153,21 @@ def timed_rows(run_or_output: str | os.PathLike) -> list[dict]:
 
 
 def _metric_rows(run_dir: Path | None) -> list[dict]:
+    """The timed rows of ``run_dir``'s request metrics (see :func:`timed_rows`); [] when it has
+    none, or none that can be read: a part of another schema version or a damaged one (Arrow's
+    error), or one the file system refuses (``OSError``): said in a warning with the cause, and
+    the caller uses the output shards. Any other error is a bug and propagates."""
     if run_dir is None or not (run_dir / "metrics" / "requests").is_dir():
         return []
+    import pyarrow as pa
+
     from pipeline.io.metrics import read_request_metrics
 
     try:
         table = read_request_metrics(run_dir)
-    except Exception:  # metrics of another schema version: use the output shards
+    except (pa.ArrowException, OSError) as exc:
+        log.warning("calibrating from the output shards: the request metrics in %s cannot be read (%s: %s)",
+                    run_dir / "metrics" / "requests", type(exc).__name__, exc)
         return []
     out = []
     for r in table.to_pylist():

@@ -97,3 +97,46 @@ def test_calibrated_rates_are_per_device_of_each_pool(tmp_path):
     assert hw.mem_bw == pytest.approx(10 * (1e7 + 210_100 * 1.95))
     assert hw.link_bw == pytest.approx(2e5)
     assert prefill_time(TOY, hw, 1000, tp=3) == pytest.approx(1.0)  # 1.01e10 FLOPs at 1.01e10 FLOP/s
+
+
+def _shards_of_the_first_test(path: Path) -> None:
+    """The output shards of test_calibrate_fits_flops_bandwidth_and_link_by_hand (4.04e10 / 3 FLOP/s)."""
+    row = dict(prompt_tokens=1000, output_tokens=101, queue_s=0.0, prefill_s=1.0, ttft_s=1.5,
+               decode_s=10.0, kv_handoff_s=0.5)
+    _shard(path / "part-00000.parquet", [row, row, {**row, "ttft_s": 6.5}])
+    _shard(path / "part-00001.parquet", [{**row, "queue_s": 0.5, "prefill_s": 2.0, "ttft_s": 2.5}])
+
+
+def test_request_metrics_that_cannot_be_read_fall_back_to_the_shards_and_say_why(tmp_path, caplog):
+    """A metrics part of another schema version (token_times as text): Arrow cannot cast it, the
+    output shards are used (the fit worked by hand above), and a warning gives Arrow's error."""
+    import logging
+
+    from pipeline.io.metrics import REQUEST_SCHEMA
+
+    _shards_of_the_first_test(tmp_path)
+    part = tmp_path / "metrics" / "requests" / "part-00000.parquet" / "part-old.parquet"
+    part.parent.mkdir(parents=True)
+    pq.write_table(pa.table({"key": ["part-00000.parquet:0"], "token_times": ["1.0 2.0"]}), part)
+    with pytest.raises(pa.ArrowException) as arrow:
+        pq.read_table(part, schema=REQUEST_SCHEMA)
+    caplog.set_level(logging.WARNING, "pipeline.plan.calibrate")
+    assert calibrate(tmp_path, TOY, "cpu").peak_flops == pytest.approx(4.04e10 / 3)
+    said = [r.getMessage() for r in caplog.records if r.name == "pipeline.plan.calibrate"]
+    assert len(said) == 1 and str(arrow.value) in said[0] and str(part.parents[1]) in said[0], said
+
+
+def test_a_bug_while_reading_request_metrics_is_not_hidden_behind_the_shards(tmp_path, monkeypatch):
+    """A test double, on purpose: the real reader has no bug to trigger, so one that raises
+    TypeError stands in for one; calibrating must raise it, not fit coarser shard timings."""
+    import pipeline.io.metrics
+
+    _shards_of_the_first_test(tmp_path)
+    write_request_metrics(tmp_path, "a.parquet", [_record("a.parquet", 0.0, 1.0, 2.5, 12.5)])
+
+    def buggy(run_path):
+        raise TypeError("a bug in the reader")
+
+    monkeypatch.setattr(pipeline.io.metrics, "read_request_metrics", buggy)
+    with pytest.raises(TypeError, match="a bug in the reader"):
+        calibrate(tmp_path, TOY, "cpu")
