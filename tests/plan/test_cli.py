@@ -33,8 +33,22 @@ def test_cli_json_llama_70b_on_h100():
     assert dis["devices"] == 4 * (dis["prefill_workers"] + dis["decode_workers"])
     assert dis["prefill_s"] == pytest.approx(0.6118, rel=1e-3)
     assert dis["prefill_workers"] == 2
-    assert out["recommendation"] in ("colocated", "disaggregated")
-    assert out["overrides"].startswith(f"pools={out['recommendation']} pools.prefill=")
+    # Colocated, by hand: w workers prefill at rho = 2.0 x 0.6118 / w, so w = 2 (rho = 0.6118 <=
+    # 0.75); the gaps stretch by 1 / (1 - 0.6118) = 2.5762. A decode step at TP 4 reads the
+    # weights, 141.2e9 B / (4 x 3.35e12 x 0.7 B/s) = 0.015053 s, plus per sequence its KV,
+    # 327,680 B x (8192 + 256 / 2) tokens / 9.38e12 B/s = 2.9065e-4 s (compute, 8.1e-5 s per
+    # sequence, is the smaller branch). Little's law: r = 2.0 / 2 x 256 x 2.5762 = 659.5, n =
+    # r x 0.015053 / (1 - r x 2.9065e-4) = 12.283 sequences; step = 0.015053 + 12.283 x
+    # 2.9065e-4 = 0.018623 s; ITL = 0.018623 x 2.5762 = 0.047977 s. Worst case ITL + p99 prefill
+    # = 0.018623 + 0.6118 = 0.6305 s > the 0.1 s target (rule 1 does not hold), and prefills
+    # land in 2.0 / 2 x 0.047977 = 4.80% of a worker's gaps >= 1% (nor does rule 2): disaggregated.
+    colo = out["colocated"]
+    assert colo["prefill_workers"] == 2 and colo["running"] == pytest.approx(12.283, rel=1e-3)
+    assert colo["itl_s"] == pytest.approx(0.047977, rel=1e-3)
+    assert colo["itl_worst_s"] == pytest.approx(0.6305, rel=1e-3)
+    assert colo["stall_fraction"] == pytest.approx(0.047977, rel=1e-3)
+    assert out["recommendation"] == "disaggregated"
+    assert out["overrides"].startswith("pools=disaggregated pools.prefill=2 pools.decode=")
     assert "model.prefill_tp=4 model.decode_tp=4" in out["overrides"]
 
 
@@ -64,8 +78,17 @@ def test_cli_each_pool_its_own_tp_and_every_device_priced():
     d = costs[f"disaggregated {dis['prefill_workers']}P:{dis['decode_workers']}D"]
     assert (d["prefill_devices"], d["decode_devices"]) == (8 * dis["prefill_workers"], 4 * dis["decode_workers"])
     assert d["price_per_hour"] == pytest.approx(2.0 * dis["devices"])
-    if out["recommendation"] == "disaggregated":
-        assert "model.prefill_tp=8 model.decode_tp=4" in out["overrides"]
+    # Colocated at TP 8, by hand as in the test above: one worker prefills at rho = 2.0 x 0.3059 =
+    # 0.6118 (stretch 2.5762); its step reads the weights in 141.2e9 / (8 x 3.35e12 x 0.7) =
+    # 0.0075267 s plus 1.45325e-4 s per sequence; r = 2.0 x 256 x 2.5762 = 1319.0, n = r x
+    # 0.0075267 / (1 - r x 1.45325e-4) = 12.283, step = 0.0093116 s, ITL = 0.023990 s. Worst
+    # case 0.0093116 + 0.3059 = 0.3152 s > 0.1 s, and prefills land in 2.0 x 0.023990 = 4.80% of
+    # the gaps: disaggregated, with each pool's TP in its overrides.
+    assert colo["prefill_workers"] == 1 and colo["itl_s"] == pytest.approx(0.023990, rel=1e-3)
+    assert colo["itl_worst_s"] == pytest.approx(0.3152, rel=1e-3)
+    assert colo["stall_fraction"] == pytest.approx(0.047980, rel=1e-3)
+    assert out["recommendation"] == "disaggregated"
+    assert "model.prefill_tp=8 model.decode_tp=4" in out["overrides"]
 
 
 def test_cli_readable_output_and_one_line_errors():
