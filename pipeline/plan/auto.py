@@ -35,7 +35,7 @@ from pipeline.io.sample import sample_prompt_lengths
 from pipeline.plan.costs import kv_transfer_time, prefill_time
 from pipeline.plan.hardware import Hardware, hardware
 from pipeline.plan.model import ModelShape, read_json, shape_from_hf
-from pipeline.plan.recommend import plan
+from pipeline.plan.recommend import PlanOptions, plan
 from pipeline.plan.workload import Workload
 
 
@@ -132,7 +132,8 @@ def choose_pools(cfg: Config, shards: list, total_rows: int) -> tuple[Config, Po
     workers = cfg.pools.prefill + cfg.pools.decode
     # On a CPU profile a worker's TP ranks share its cores: each worker counts as one device.
     ptp, dtp = (1, 1) if hw.ranks_share_cores else (cfg.model.prefill_tp, cfg.model.decode_tp)
-    p = plan(model, hw, wl, workers=workers, rows_in_flight=cfg.job.batch_rows, prefill_tp=ptp, decode_tp=dtp)
+    p = plan(model, hw, wl, PlanOptions(workers=workers, rows_in_flight=cfg.job.batch_rows, prefill_tp=ptp,
+                                        decode_tp=dtp))
     p.notes = [n.replace(" (--workers)", " (pools.prefill + pools.decode)") for n in p.notes]
     options = {"colocated": _figures(p.colocated)}
     if p.disaggregated is not None:
