@@ -242,66 +242,114 @@ def watch(run: RunDir, jobs: Jobs, total_rows: int, progress: bool = True,
     Raises:
         RunFailed: an array task failed, or every decode worker ended while array tasks still ran.
     """
-    rows_bar = tqdm(total=total_rows, unit="row", desc="rows", disable=not progress, dynamic_ncols=True)
-    tokens_bar = tqdm(unit="tok", desc="output tokens", disable=not progress, dynamic_ncols=True)
+    bars = _Bars(total_rows, progress)
     errors: list[str] = []
     warned: set[str] = set()
-    starting: str | None = "starting engines"  # the engines' start-up line, until all are ready
     queue = _QueueCheck()
-    live, live_checked = LiveWorkers(run.path), -1e9
     beats = _DecodeBeats(run, run.config().transport.decode_dead_after_s)
+    others = _OtherWorkers(run, jobs, beats)
     restarts = [0] * len(jobs.array_tasks)
     try:
         while True:
             queue.refresh(jobs.all())
             _restart_killed(run, jobs, queue, restarts)
             own_ended = all(queue.ended(j) for j in jobs.array_tasks)
-            # Heartbeats are read every 5 s (each worker's file), so that a killed worker's
-            # stands still from early on, and at every poll once this launch's tasks have ended.
-            if own_ended or time.monotonic() - live_checked > 5:
-                live_checked, others = time.monotonic(), live.live()
-                if jobs.decode:
-                    beats.serving()  # so that a lost rank's heartbeat is seen standing still early
-            if own_ended and (joined or not others or any(_failure(j, queue) for j in jobs.array_tasks)):
+            serving_elsewhere = others.serving(own_ended)
+            if own_ended and (joined or not serving_elsewhere or any(_failure(j, queue) for j in jobs.array_tasks)):
                 break
-            done = run.progress()
-            rows_bar.update(sum(p["rows"] for p in done) - rows_bar.n)
-            tokens_bar.update(sum(p["output_tokens"] for p in done) - tokens_bar.n)
-            if starting and progress:
-                starting = run.starting_engines(len(jobs.array_tasks), len(jobs.decode))
-                rows_bar.set_description_str(starting or "rows")
-            # A decode worker that ended cleanly did so because every shard is settled (its
-            # owner may still be writing its last marker); only a failed one is a loss.
-            dead = [j for j in jobs.decode if queue.ended(j) and _failure(j, queue)]
-            for j in dead:
-                if j.job_id not in warned:
-                    warned.add(j.job_id)
-                    tqdm.write(f"warning: {_failure(j, queue)}; its rows go to the other decode workers",
-                               file=sys.stderr)
+            bars.update(run)
+            bars.show_starting(run, jobs)
+            dead = _failed_decode(jobs, queue, warned)
             if dead and len(dead) == len(jobs.decode):
                 errors += [_failure(j, queue) for j in dead]
                 for j in jobs.array_tasks:
                     _cancel(j)
                 break
             time.sleep(poll_s)
-        done = run.progress()
-        rows_bar.update(sum(p["rows"] for p in done) - rows_bar.n)
-        tokens_bar.update(sum(p["output_tokens"] for p in done) - tokens_bar.n)
+        bars.update(run)
     except KeyboardInterrupt:
         for j in jobs.all():
             _cancel(j)
         raise
     finally:
-        rows_bar.close()
-        tokens_bar.close()
+        bars.close()
         if not joined:
             run.request_stop()
     array_failed = [e for e in (_failure(j, queue) for j in jobs.array_tasks) if e]
-    # After a failed owner the run is over: do not wait for decode workers to wind down. Once
-    # no rank serves any more (each stopped, or lost with its node: a lost node's job may stay
-    # "running" until Slurm notices, then wait for a node as a requeued job), their jobs get
-    # LOST_RANK_GRACE_S to end before they are cancelled.
-    deadline = time.monotonic() + (0 if array_failed or errors or joined else stop_grace_s)
+    # After a failed owner the run is over: do not wait for decode workers to wind down.
+    _wind_down_decode(jobs, queue, beats, 0 if array_failed or errors or joined else stop_grace_s, poll_s)
+    errors += array_failed
+    if errors:
+        raise RunFailed("; ".join(dict.fromkeys(errors)))
+
+
+class _Bars:
+    """The rows and output-token progress bars of a run, and the engines' start-up line
+    (``starting engines: prefill 0/1, decode 1/1 ready``) in place of the rows' name until
+    every engine is ready."""
+
+    def __init__(self, total_rows: int, progress: bool):
+        self.rows = tqdm(total=total_rows, unit="row", desc="rows", disable=not progress, dynamic_ncols=True)
+        self.tokens = tqdm(unit="tok", desc="output tokens", disable=not progress, dynamic_ncols=True)
+        self.progress = progress
+        self.starting: str | None = "starting engines"  # until all engines are ready
+
+    def update(self, run: RunDir) -> None:
+        """Rows and output tokens done, from the run's progress files."""
+        done = run.progress()
+        self.rows.update(sum(p["rows"] for p in done) - self.rows.n)
+        self.tokens.update(sum(p["output_tokens"] for p in done) - self.tokens.n)
+
+    def show_starting(self, run: RunDir, jobs: Jobs) -> None:
+        if self.starting and self.progress:
+            self.starting = run.starting_engines(len(jobs.array_tasks), len(jobs.decode))
+            self.rows.set_description_str(self.starting or "rows")
+
+    def close(self) -> None:
+        self.rows.close()
+        self.tokens.close()
+
+
+class _OtherWorkers:
+    """Workers that serve the run from another launch (one that joined: its heartbeat lives,
+    :class:`~pipeline.runtime.claims.LiveWorkers`). Heartbeats are read every 5 s (each
+    worker's file), so that a killed worker's stands still from early on, and at every poll once
+    this launch's tasks have ended; the decode ranks' heartbeats are read with them, so that a
+    lost rank's is seen standing still early."""
+
+    def __init__(self, run: RunDir, jobs: Jobs, beats: _DecodeBeats):
+        self.live, self.jobs, self.beats = LiveWorkers(run.path), jobs, beats
+        self.checked, self.others = -1e9, None
+
+    def serving(self, own_ended: bool) -> bool:
+        """Whether any other worker serves the run, as of the last read."""
+        if own_ended or time.monotonic() - self.checked > 5:
+            self.checked, self.others = time.monotonic(), self.live.live()
+            if self.jobs.decode:
+                self.beats.serving()
+        return bool(self.others)
+
+
+def _failed_decode(jobs: Jobs, queue: _QueueCheck, warned: set[str]) -> list:
+    """The decode jobs that failed, each warned about once (in ``warned``): prefill workers hand
+    its rows to the others. A decode worker that ended cleanly did so because every shard is
+    settled (its owner may still be writing its last marker); only a failed one is a loss."""
+    dead = [j for j in jobs.decode if queue.ended(j) and _failure(j, queue)]
+    for j in dead:
+        if j.job_id not in warned:
+            warned.add(j.job_id)
+            tqdm.write(f"warning: {_failure(j, queue)}; its rows go to the other decode workers",
+                       file=sys.stderr)
+    return dead
+
+
+def _wind_down_decode(jobs: Jobs, queue: _QueueCheck, beats: _DecodeBeats, grace_s: float, poll_s: float) -> None:
+    """Wait up to ``grace_s`` seconds for the decode jobs to end (after :meth:`RunDir.request_stop`),
+    then cancel those left. Once no rank serves any more (each stopped, or lost with its node: a
+    lost node's job may stay "running" until Slurm notices, then wait for a node as a requeued
+    job), their jobs get :data:`LOST_RANK_GRACE_S` to end before they are cancelled; a requeued
+    one, which would only start to stop, is cancelled at once."""
+    deadline = time.monotonic() + grace_s
     while time.monotonic() < deadline:
         queue.refresh(jobs.decode)
         if all(queue.ended(j) for j in jobs.decode):
@@ -316,6 +364,3 @@ def watch(run: RunDir, jobs: Jobs, total_rows: int, progress: bool = True,
     for j in jobs.decode:
         if not j.done():
             _cancel(j)
-    errors += array_failed
-    if errors:
-        raise RunFailed("; ".join(dict.fromkeys(errors)))
