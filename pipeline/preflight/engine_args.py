@@ -20,7 +20,8 @@ and ``model.decode_engine_kwargs`` (merged by :func:`pipeline.engine.build.engin
   engine: ``max_num_seqs=0``, ``max_num_batched_tokens`` below ``max_num_seqs``, ...), for each
   pool that runs, when the model is a local directory here (never downloaded or converted for
   this) and the pipeline's own arguments pass the same validation on this machine (a login node
-  without the workers' devices refuses nothing).
+  without the workers' devices refuses nothing): where vLLM refuses those, a warning names the
+  settings left unchecked and vLLM's error, and the engines check them at start.
 
 Nothing is imported from vLLM when the three dicts are empty. Importing it (5-10 s) sets process
 environment variables (``LD_PRELOAD`` ...); they are restored, so that workers started from this
@@ -71,6 +72,8 @@ KV_SHARED = {
     "mamba_block_size": "the state cache's block size",
 }
 _DICTS = ("model.engine_kwargs", "model.prefill_engine_kwargs", "model.decode_engine_kwargs")
+
+log = logging.getLogger(__name__)
 
 
 def check_lora(cfg: Config) -> None:
@@ -153,8 +156,17 @@ def _check_with_fields(cfg: Config) -> None:
             _check_kv_shared(cfg, fields)
         model = local_model(cfg)
         if model is not None and fields is not None:
+            unchecked: dict[str, list[Role]] = {}  # vLLM's error -> the roles it left unchecked
             for role in roles:
-                _check_with_vllm(cfg, role, model)
+                why = _check_with_vllm(cfg, role, model)
+                if why is not None:
+                    unchecked.setdefault(why, []).append(role)
+            for why, skipped in unchecked.items():
+                settings = " / ".join(dict.fromkeys(
+                    s for r in skipped for s in kwargs_settings(r) if getattr(cfg.model, s.split(".", 1)[1])))
+                log.warning("%s: not checked by vLLM's own validation here: vLLM refuses even the pipeline's own "
+                            "arguments for the %s engines on this machine (%s); the engines check them when they "
+                            "start", settings or "model.lora", " and ".join(skipped), why)
 
 
 def _check_one(setting: str, key: str, value: Any, fields: dict[str, dataclasses.Field] | None) -> None:
@@ -210,21 +222,27 @@ def _check_kv_shared(cfg: Config, fields: dict[str, dataclasses.Field] | None) -
                               f"set it once in model.engine_kwargs")
 
 
-def _check_with_vllm(cfg: Config, role: Role, model: str) -> None:
+def _check_with_vllm(cfg: Config, role: Role, model: str) -> str | None:
     """vLLM's own validation of ``role``'s merged arguments (no engine), when it accepts the
-    pipeline's own arguments on this machine."""
+    pipeline's own arguments on this machine. Returns None when checked, else vLLM's error
+    refusing the pipeline's own arguments (one line): nothing was checked.
+
+    Raises:
+        ConfigError: vLLM refuses the merged arguments (the settings named, with vLLM's error).
+    """
     from vllm.engine.arg_utils import AsyncEngineArgs
 
     try:
         AsyncEngineArgs(**role_engine_kwargs(cfg, role), **pipeline_engine_kwargs(cfg, role),
                         model=model).create_engine_config()
-    except Exception:  # noqa: BLE001 -- this machine cannot validate even the pipeline's own arguments
-        return
+    except Exception as exc:  # noqa: BLE001 -- this machine cannot validate even the pipeline's own arguments
+        return _message(exc)
     try:
         AsyncEngineArgs(**engine_kwargs(cfg, role, model)).create_engine_config()
     except Exception as exc:  # noqa: BLE001 -- vLLM raises ValueError, pydantic errors, TypeError ...
         settings = " / ".join(kwargs_settings(role))
         raise ConfigError(f"{settings}: vLLM refuses the {role} engines' arguments: {_message(exc)}") from None
+    return None
 
 
 def local_model(cfg: Config) -> str | None:

@@ -230,3 +230,31 @@ def test_command_line_refusal_is_one_line_exit_2(tmp_path):
     assert line == ("error: model.decode_engine_kwargs.max_num_seq: not a vLLM engine argument (a field of "
                     "AsyncEngineArgs); did you mean max_num_seqs or max_num_active_seqs or max_num_queued_reqs?"), line
     assert not (tmp_path / "run").exists()
+
+
+def test_vllm_refusing_the_pipeline_own_arguments_is_said(caplog):
+    """model.max_model_len past the model's own context (8192): vLLM refuses even the pipeline's
+    own arguments, so it cannot check the user's (max_num_seqs=0, which it refuses above). The
+    run is not refused for it, but a warning names the setting left unchecked and vLLM's error,
+    compared here with vLLM's own refusal of that length asked directly."""
+    import logging
+
+    cfg = _cfg("model.max_model_len=100000", "model.engine_kwargs.max_num_seqs=0")
+    model = local_model(cfg)
+    if model is None:
+        pytest.skip("the bundled model is not converted here (python -m pipeline converts it on a first run)")
+    from vllm.engine.arg_utils import AsyncEngineArgs
+
+    with pytest.raises(Exception) as refused:
+        AsyncEngineArgs(model=model, max_model_len=100000).create_engine_config()
+    vllm_says = refused.value.errors()[0]["msg"]
+    assert "max_model_len (100000)" in vllm_says
+    caplog.set_level(logging.WARNING, "pipeline.preflight.engine_args")
+    check_engine_args(cfg)
+    said = [r.getMessage() for r in caplog.records if r.name == "pipeline.preflight.engine_args"]
+    assert len(said) == 1, said  # one warning for both pools: the same error
+    assert said[0].startswith("model.engine_kwargs: not checked by vLLM's own validation here"), said
+    assert "for the prefill and decode engines" in said[0] and vllm_says in said[0], said
+    caplog.clear()
+    check_engine_args(_cfg("model.engine_kwargs.max_num_seqs=8"))  # checked: nothing to say
+    assert [r for r in caplog.records if r.name == "pipeline.preflight.engine_args"] == []
