@@ -86,17 +86,26 @@ def test_step_recorder_table_is_read(tmp_path):
         it.num_generation_tokens = 1
         return it
 
+    import time
+
     run = make_run(tmp_path / "run", steps=None)
     rec = StepRecorder(run, "decode-0@h", "decode")
-    for n in (1, 2, 0):
+    running = (1, 0, 2, 0)
+    for n in running:
+        before = time.time()
+        while time.time() == before:  # each step its own time stamp (the recorder's clock)
+            pass
         rec.record(Sched(n), It())
     rec.flush()
     t = sorted(read_worker_metrics(run).column("t").to_pylist())
+    assert len(t) == len(running) and all(a < b for a, b in zip(t, t[1:]))
     rep = summarize_run(run)
     w = rep["workers"]["decode-0@h"]
-    assert w["steps"] == 3 and w["max_batch_size"] == 2 and w["max_kv_cache_usage"] == 0.25
-    if t[-1] > t[0]:
-        assert w["busy_fraction"] == pytest.approx(1.0)  # running > 0 until the last step
+    assert w["steps"] == 4 and w["max_batch_size"] == 2 and w["max_kv_cache_usage"] == 0.25
+    # Busy from a step with requests running to the next, by hand from the recorded times.
+    busy = (t[1] - t[0]) + (t[3] - t[2])
+    assert w["span_s"] == pytest.approx(t[3] - t[0])
+    assert w["busy_fraction"] == pytest.approx(busy / (t[3] - t[0]))
 
 
 def test_stall_threshold_is_a_parameter(tmp_path):
