@@ -54,6 +54,7 @@ def _run(tmp_path: Path, name: str, unit_rows: int | None, workers: list[str], w
     if ghost_assembler:  # a worker that claimed the big shard's assembly and then died
         Claims(run.path, "ghost").claim(len(run.units()) + 0)
     shared = load_tokenizer(cfg)
+    failed: dict[str, BaseException] = {}
 
     def worker(name: str) -> None:
         # Its own tokenizer, as each worker process has: one tokenizer used from two threads at
@@ -67,13 +68,21 @@ def _run(tmp_path: Path, name: str, unit_rows: int | None, workers: list[str], w
             return served_row(text=word, token_ids=[1], finish_reason="stop", error=None, token_times=[0.0],
                               prefill_start=0.0, prefill_end=None, prefill_worker=name)
 
-        asyncio.run(own_shards(run, cfg, Claims(run.path, name), name, tokenizer, serve))
+        try:
+            asyncio.run(own_shards(run, cfg, Claims(run.path, name), name, tokenizer, serve))
+        except BaseException as exc:  # a thread's exception is only printed: keep it for the test
+            failed[name] = exc
+            raise
 
     threads = [threading.Thread(target=worker, args=(w,)) for w in workers]
     for t in threads:
         t.start()
     for t in threads:
         t.join(timeout=120)
+    # Each worker returned on its own (nothing left to claim), as a worker process exits: not
+    # still running, and not ended by an exception, whatever the output looks like.
+    assert [t.name for t in threads if t.is_alive()] == [], "workers still running after 120 s"
+    assert failed == {}, failed
     return run
 
 
@@ -103,7 +112,9 @@ def test_an_assembly_lost_mid_way_is_done_by_the_next_worker(tmp_path):
     assert not (run.path / "output" / "a.parquet").exists()
     later = Claims(run.path, "colocated-1", dead_after_s=0.0)
     assert later.alive("ghost")  # first look
-    time.sleep(0.01)
+    deadline = time.monotonic() + 5
+    while later.alive("ghost"):  # dead once this clock has moved on from the first look
+        assert time.monotonic() < deadline, "the ghost never counted as dead"
     tokenizer = load_tokenizer(run.config())
 
     async def serve(p):
