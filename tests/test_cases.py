@@ -27,7 +27,7 @@ import pytest
 
 from pipeline.io.shards import read_output
 from pipeline.runtime.rundir import RunDir
-from tests.conftest import COMMON, ROOT, run_pipeline
+from tests.helpers import COMMON, ROOT, run_pipeline
 
 CASES = ROOT.parent / "shared" / "cases"
 MAX_LEN, NEW = 512, 16

@@ -23,8 +23,8 @@ import pyarrow.csv  # noqa: F401  (pa.csv)
 import pyarrow.parquet as pq
 import pytest
 
-from tests.conftest import COMMON as BASE
-from tests.conftest import SLURM, Run, _run, assert_across_hosts, node_bytes_sent, run_pipeline
+from tests.helpers import COMMON as BASE
+from tests.helpers import SLURM, Run, assert_across_hosts, node_bytes_sent, run_to_end
 
 pytestmark = pytest.mark.e2e
 
@@ -122,10 +122,10 @@ def _request(cid: str, url: str = CHAT_URL, **body) -> dict:
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory, chat_input) -> dict[str, Run]:
     return {
-        "colocated": _run(tmp_path_factory, "chat-colocated", "pools=colocated", *COMMON, input_url=str(chat_input)),
-        "push": _run(tmp_path_factory, "chat-push", "pools=disaggregated", "transport=nixl_push", *COMMON,
+        "colocated": run_to_end(tmp_path_factory, "chat-colocated", "pools=colocated", *COMMON, input_url=str(chat_input)),
+        "push": run_to_end(tmp_path_factory, "chat-push", "pools=disaggregated", "transport=nixl_push", *COMMON,
                      input_url=str(chat_input)),
-        "pull-dram": _run(tmp_path_factory, "chat-pull-dram", "pools=disaggregated", "transport=nixl_pull",
+        "pull-dram": run_to_end(tmp_path_factory, "chat-pull-dram", "pools=disaggregated", "transport=nixl_pull",
                           "offload=dram", "offload.dram_gib=1", f"pools.local_prefill_tokens={LOCAL_BELOW}",
                           *COMMON, input_url=str(chat_input)),
     }

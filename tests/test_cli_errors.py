@@ -4,37 +4,28 @@ from __future__ import annotations
 
 import pytest
 
-from tests.conftest import run_pipeline
-
-
-def _one_line_error(p) -> str:
-    assert p.returncode == 2, p.stderr
-    assert "Traceback" not in p.stderr
-    lines = [ln for ln in p.stderr.splitlines() if ln.strip()]
-    assert len(lines) == 1, p.stderr
-    assert lines[0].startswith("error: ")
-    return lines[0]
+from tests.helpers import one_line_error, run_pipeline
 
 
 def test_missing_input_path(tmp_path):
     missing = tmp_path / "nowhere"
-    line = _one_line_error(run_pipeline("+job=summarize", f"job.input={missing}", f"run.root={tmp_path}"))
+    line = one_line_error(run_pipeline("+job=summarize", f"job.input={missing}", f"run.root={tmp_path}"))
     assert "job.input" in line and str(missing) in line
 
 
 def test_input_without_parquet(tmp_path):
     (tmp_path / "notes.txt").write_text("x")
-    line = _one_line_error(run_pipeline("+job=summarize", f"job.input={tmp_path}", f"run.root={tmp_path}"))
+    line = one_line_error(run_pipeline("+job=summarize", f"job.input={tmp_path}", f"run.root={tmp_path}"))
     assert "no .parquet shards" in line
 
 
 def test_unknown_job():
-    line = _one_line_error(run_pipeline("+job=translate"))
+    line = one_line_error(run_pipeline("+job=translate"))
     assert "job/translate" in line and "summarize" in line
 
 
 def test_no_job():
-    assert "+job=" in _one_line_error(run_pipeline())
+    assert "+job=" in one_line_error(run_pipeline())
 
 
 @pytest.mark.parametrize("override, key", [
@@ -46,13 +37,13 @@ def test_no_job():
     ("pools=nope", "pools/nope"),
 ])
 def test_wrong_config_value(override, key):
-    assert key.split(".")[-1] in _one_line_error(run_pipeline("+job=summarize", override))
+    assert key.split(".")[-1] in one_line_error(run_pipeline("+job=summarize", override))
 
 
 def test_rerun_of_finished_job_does_nothing_and_a_changed_config_is_refused(tmp_path):
     """A run directory whose shards are all done: the same job launches nothing; a job whose
     outputs would differ (another max_new_tokens) refuses to mix into it."""
-    from tests.conftest import SAMPLE
+    from tests.helpers import SAMPLE
 
     shard = SAMPLE / "part-00000.parquet"
     args = ["+job=summarize", f"job.input={shard}", f"run.dir={tmp_path / 'run'}"]
@@ -68,5 +59,5 @@ def test_rerun_of_finished_job_does_nothing_and_a_changed_config_is_refused(tmp_
     p = run_pipeline(*args)
     assert p.returncode == 0, p.stderr
     assert "nothing to do" in p.stdout and not list((tmp_path / "run" / "logs").iterdir())
-    line = _one_line_error(run_pipeline(*args, "job.sampling.max_new_tokens=5"))
+    line = one_line_error(run_pipeline(*args, "job.sampling.max_new_tokens=5"))
     assert "job.sampling.max_new_tokens" in line

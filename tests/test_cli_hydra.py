@@ -13,8 +13,8 @@ import pytest
 import yaml
 
 from pipeline.config import compose, to_yaml
-from tests.conftest import ROOT, SAMPLE, run_pipeline
-from tests.test_cli_errors import _one_line_error
+from tests.helpers import ROOT, SAMPLE, run_pipeline
+from tests.helpers import one_line_error as _one_line_error
 
 CONF = (ROOT / "conf").resolve()  # a link to the package's pipeline/conf, where Hydra reads it
 

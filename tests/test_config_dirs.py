@@ -15,7 +15,7 @@ import pipeline
 import pipeline.__main__ as cli
 from pipeline.api import sweep
 from pipeline.config import CONF_DIR, DATA_DIR, ConfigError, compose, groups, split_searchpath, sweep_points
-from tests.conftest import ROOT
+from tests.helpers import ROOT
 
 JOB = {"defaults": ["summarize", "_self_"], "name": "mine", "prompt_template": "Title this:\n\n{text}",
        "sampling": {"max_new_tokens": 9}}

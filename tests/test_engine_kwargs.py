@@ -24,8 +24,7 @@ from __future__ import annotations
 import pytest
 
 from pipeline.io.metrics import read_request_metrics, read_worker_metrics
-from tests.conftest import SAMPLE, Run, _run
-from tests.test_main_job import KV_BYTES_PER_TOKEN_FP32
+from tests.helpers import KV_BYTES_PER_TOKEN_FP32, SAMPLE, Run, run_to_end
 
 SHARDS = ["part-00000.parquet"]
 BLOCK = 128  # vLLM's default KV block size on CPU, in tokens
@@ -48,11 +47,11 @@ def _by_role(run: Run) -> dict[str, tuple[int, int]]:
 @pytest.mark.e2e
 def test_engine_kwargs_and_pool_shapes_reach_their_pools(tmp_path_factory):
     shard = str(SAMPLE / SHARDS[0])
-    colocated = _run(tmp_path_factory, "kwargs-colocated", "pools=colocated", *KWARGS, input_url=shard)
+    colocated = run_to_end(tmp_path_factory, "kwargs-colocated", "pools=colocated", *KWARGS, input_url=shard)
     runs = {  # name -> (run, TP by role)
-        "push": (_run(tmp_path_factory, "kwargs-push-tp-up", "pools=disaggregated", "transport=nixl_push",
+        "push": (run_to_end(tmp_path_factory, "kwargs-push-tp-up", "pools=disaggregated", "transport=nixl_push",
                       "model.decode_tp=3", *KWARGS, input_url=shard), {"prefill": 1, "decode": 3}),
-        "pull": (_run(tmp_path_factory, "kwargs-pull-tp-down", "pools=disaggregated", "transport=nixl_pull",
+        "pull": (run_to_end(tmp_path_factory, "kwargs-pull-tp-down", "pools=disaggregated", "transport=nixl_pull",
                       "model.prefill_tp=3", *KWARGS, input_url=shard), {"prefill": 3, "decode": 1}),
     }
 

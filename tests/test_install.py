@@ -20,7 +20,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import yaml
 
-from tests.conftest import ROOT
+from tests.helpers import ROOT
 
 USER_JOB = """\
 # A user's own job: the shipped summarize job with its own prompt and input.

@@ -16,7 +16,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from pipeline.io.metrics import read_worker_metrics
-from tests.conftest import COMMON, SLURM, Run, _run, assert_across_hosts, node_bytes_sent, run_pipeline
+from tests.helpers import COMMON, SLURM, Run, assert_across_hosts, node_bytes_sent, run_pipeline, run_to_end
 
 pytestmark = pytest.mark.e2e
 
@@ -83,10 +83,10 @@ def runs(tmp_path_factory, adapter, lora_input) -> dict[str, Run]:
     d = lora_input
     common = [f"model.lora.tiny={adapter}", "job.sampling.max_new_tokens=16"]
     return {
-        "colocated": _run(tmp_path_factory, "lora-colocated", "pools=colocated", *common, input_url=str(d)),
-        "push": _run(tmp_path_factory, "lora-push", "pools=disaggregated", "transport=nixl_push", *common,
+        "colocated": run_to_end(tmp_path_factory, "lora-colocated", "pools=colocated", *common, input_url=str(d)),
+        "push": run_to_end(tmp_path_factory, "lora-push", "pools=disaggregated", "transport=nixl_push", *common,
                      input_url=str(d)),
-        "pull-dram": _run(tmp_path_factory, "lora-pull-dram", "pools=disaggregated", "transport=nixl_pull",
+        "pull-dram": run_to_end(tmp_path_factory, "lora-pull-dram", "pools=disaggregated", "transport=nixl_pull",
                           "offload=dram", "offload.dram_gib=1", *common, input_url=str(d)),
     }
 

@@ -6,14 +6,11 @@ from __future__ import annotations
 import pyarrow.parquet as pq
 import pytest
 
-from tests.conftest import SAMPLE
+from tests.helpers import KV_BYTES_PER_TOKEN_FP32, SAMPLE
 
 pytestmark = pytest.mark.e2e
 
 SHARDS = sorted(p.name for p in SAMPLE.glob("*.parquet"))
-# KV bytes per token of SmolLM2-135M in float32, by hand: 2 (K and V) x 30 layers x 3 KV heads
-# x 64 head dim x 4 bytes (config.json of the converted model).
-KV_BYTES_PER_TOKEN_FP32 = 2 * 30 * 3 * 64 * 4
 
 
 @pytest.fixture(params=["push", "pull"])

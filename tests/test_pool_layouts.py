@@ -10,8 +10,7 @@ import pytest
 
 from pipeline.config import ConfigError, compose
 from pipeline.preflight.layout import check_pool_layouts
-from tests.conftest import SAMPLE
-from tests.test_preflight import _refused
+from tests.helpers import SAMPLE, refused
 
 SMOLLM2 = {"num_attention_heads": 9, "num_key_value_heads": 3}
 PULL, PUSH = "transport=nixl_pull", "transport=nixl_push"
@@ -87,7 +86,7 @@ def test_gpu_workers_take_block_sizes_the_cpu_kernel_does_not():
 
 
 def test_the_command_refuses_at_start_in_one_line():
-    line = _refused(f"job.input={SAMPLE}", "model.prefill_tp=2", "--dry-run")
+    line = refused(f"job.input={SAMPLE}", "model.prefill_tp=2", "--dry-run")
     assert "model.prefill_tp=2" in line and "9 attention heads and 3 KV heads" in line, line
 
 

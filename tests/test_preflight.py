@@ -15,8 +15,7 @@ import pytest
 
 from pipeline.config import ConfigError, compose
 from pipeline.preflight import preflight
-from tests.conftest import ROOT, SAMPLE, run_pipeline
-from tests.test_cli_errors import _one_line_error
+from tests.helpers import ROOT, SAMPLE, one_line_error, refused, run_pipeline
 
 CASES = ROOT.parent / "shared" / "cases"
 
@@ -38,10 +37,6 @@ def _files(folder: Path) -> dict[str, bytes]:
     return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
 
 
-def _refused(*overrides: str) -> str:
-    return _one_line_error(run_pipeline("+job=summarize", "run.progress=false", *overrides))
-
-
 # -- locations --------------------------------------------------------------------------------------
 
 def test_output_is_or_lies_inside_the_input_is_refused_and_the_input_stays(tmp_path):
@@ -50,13 +45,13 @@ def test_output_is_or_lies_inside_the_input_is_refused_and_the_input_stays(tmp_p
     before = _files(src)
     run = tmp_path / "run"
     for output in (src, src / "out"):
-        line = _refused(f"job.input={src}", f"job.output={output}", f"run.dir={run}")
+        line = refused(f"job.input={src}", f"job.output={output}", f"run.dir={run}")
         assert "job.output" in line and "inside the input" in line, line
     # One file as input, its folder as output: the output shard would replace it.
-    line = _refused(f"job.input={src / 'notes.parquet'}", f"job.output={src}", f"run.dir={run}")
+    line = refused(f"job.input={src / 'notes.parquet'}", f"job.output={src}", f"run.dir={run}")
     assert "job.output" in line and "over the input shard" in line, line
     # run.dir inside the input is refused too (its checkpoints would become input shards).
-    assert "run.dir" in _refused(f"job.input={src}", f"run.dir={src / 'run'}")
+    assert "run.dir" in refused(f"job.input={src}", f"run.dir={src / 'run'}")
     assert _files(src) == before and not run.exists()
 
 
@@ -65,7 +60,7 @@ def test_run_dir_under_a_regular_file_is_refused(tmp_path):
     src = _case(tmp_path, "05-output-not-writable")
     regular = tmp_path / "FILE"
     regular.write_text("not a folder")
-    line = _refused(f"job.input={src}", f"run.dir={regular / 'run'}")
+    line = refused(f"job.input={src}", f"run.dir={regular / 'run'}")
     assert line.startswith("error: run.dir:") and str(regular) in line and "regular file" in line, line
     assert regular.read_text() == "not a folder"
 
@@ -77,14 +72,14 @@ def test_unwritable_output_is_refused_and_nothing_is_left(tmp_path):
         locked = tmp_path / "locked"
         locked.mkdir(mode=0o500)
         output = locked / "out"
-    line = _refused(f"job.input={SAMPLE}", f"job.output={output}", f"run.dir={tmp_path / 'run'}")
+    line = refused(f"job.input={SAMPLE}", f"job.output={output}", f"run.dir={tmp_path / 'run'}")
     assert line.startswith("error: job.output:") and "cannot create or write" in line, line
     assert not output.exists() and not (tmp_path / "run").exists()
 
 
 @pytest.mark.skipif(importlib.util.find_spec("s3fs") is not None, reason="s3fs is installed")
 def test_a_scheme_without_its_fsspec_implementation_names_the_package(tmp_path):
-    line = _refused(f"job.input={SAMPLE}", "job.output=s3://bucket/x", f"run.dir={tmp_path / 'run'}")
+    line = refused(f"job.input={SAMPLE}", "job.output=s3://bucket/x", f"run.dir={tmp_path / 'run'}")
     assert "job.output" in line and "s3fs" in line, line
 
 
@@ -101,7 +96,7 @@ def test_writability_marker_leaves_no_folder_behind(tmp_path):
 def test_input_columns_named_like_output_columns_are_refused_with_the_setting(tmp_path):
     """Case 03: the clash was found after every row had been generated; now at start."""
     src = _case(tmp_path, "03-input-has-output-columns")
-    line = _refused(f"job.input={src}", f"run.dir={tmp_path / 'run'}")
+    line = refused(f"job.input={src}", f"run.dir={tmp_path / 'run'}")
     assert line.startswith("error: job.input:"), line
     assert "generation, finish_reason, error" in line and "job.input_column_prefix=input_" in line, line
     assert not (tmp_path / "run").exists()
@@ -137,7 +132,7 @@ def test_text_column_missing_or_not_text_in_any_shard_is_refused(tmp_path):
         preflight(compose(["+job=summarize", f"job.input={src}", f"run.dir={tmp_path / 'run'}"]))
     (src / "d.parquet").unlink()
     pq.write_table(pa.table({"id": ["e"], "text": [7]}), src / "e.parquet")
-    line = _refused(f"job.input={src}", f"run.dir={tmp_path / 'run'}")
+    line = refused(f"job.input={src}", f"run.dir={tmp_path / 'run'}")
     assert "job.text_column" in line and "e.parquet" in line and "int64" in line, line
 
 
@@ -175,7 +170,7 @@ def test_text_twice_fills_both_slots(tmp_path):
     ("no slot at all", ["must contain {text}"]),
 ])
 def test_bad_prompt_template_is_refused(tmp_path, template, words):
-    line = _refused(f"job.prompt_template={template!r}", f"run.dir={tmp_path / 'run'}")
+    line = refused(f"job.prompt_template={template!r}", f"run.dir={tmp_path / 'run'}")
     assert line.startswith("error: job.prompt_template:"), line
     for w in words:
         assert w in line, line
@@ -203,7 +198,7 @@ def test_system_prompt_and_rag_template_are_checked(tmp_path):
 ])
 def test_plus_key_not_in_the_schema_is_refused(override, key):
     """Hydra adds a +key with the struct flag lifted and OmegaConf.to_object then dropped it."""
-    line = _one_line_error(run_pipeline("+job=summarize", override))
+    line = one_line_error(run_pipeline("+job=summarize", override))
     assert line.startswith(f"error: {key}:"), line
 
 
@@ -238,7 +233,7 @@ def test_rerun_with_changed_settings_names_every_one(tmp_path):
     shutil.copyfile(SAMPLE / "part-00000.parquet", src / "part-00000.parquet")
     args = _finished_run(tmp_path, "+job=summarize", f"job.input={src}", f"run.dir={tmp_path / 'run'}")
     assert preflight(compose(args)).resumes
-    line = _one_line_error(run_pipeline(
+    line = one_line_error(run_pipeline(
         *args, "job.sampling.max_new_tokens=5", "job.prompt_template='Briefly: {text}'", "model.dtype=float32",
         "job.too_long=truncate", "job.id_column=doc", f"job.output={tmp_path / 'elsewhere'}"))
     changed = line.split("(changed: ")[1].split(")")[0].split(", ")
@@ -325,7 +320,7 @@ def test_case_10_taken_ports_fail_at_start_naming_port_and_setting(tmp_path):
             s.listen()
             holders.append(s)
         t0 = time.monotonic()
-        line = _one_line_error(run_pipeline("+job=summarize", "run.progress=false", f"job.input={SAMPLE}",
+        line = one_line_error(run_pipeline("+job=summarize", "run.progress=false", f"job.input={SAMPLE}",
                                             f"transport.base_port={base}", f"run.dir={tmp_path / 'run'}"))
         assert time.monotonic() - t0 < 30
         assert f"port {base} " in line and "transport.base_port" in line
@@ -375,6 +370,6 @@ def test_kv_room_for_one_request_is_checked_at_start_against_the_hand_count(tmp_
     with pytest.raises(ConfigError, match=r"offload.dram_gib=0.17 holds 30 KV blocks .* fewer than the 32"):
         _kv_check("offload=dram", "offload.dram_gib=0.17")
     # From the command line: one line, exit 2, before anything starts.
-    line = _refused("model.max_model_len=8192", "model.kv_cache_gib=0.1", f"run.dir={tmp_path / 'run'}")
+    line = refused("model.max_model_len=8192", "model.kv_cache_gib=0.1", f"run.dir={tmp_path / 'run'}")
     assert "model.kv_cache_gib=0.1" in line and "model.max_model_len=8192" in line and "model.dtype=bfloat16" in line
     assert not (tmp_path / "run").exists()

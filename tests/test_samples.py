@@ -18,7 +18,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from pipeline.io.metrics import read_request_metrics, read_worker_metrics
-from tests.conftest import COMMON, SLURM, Run, _run, assert_across_hosts, node_bytes_sent, run_pipeline
+from tests.helpers import COMMON, SLURM, Run, assert_across_hosts, node_bytes_sent, run_pipeline, run_to_end
 
 pytestmark = pytest.mark.e2e
 
@@ -59,7 +59,7 @@ def sample_input(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory, sample_input) -> dict[str, Run]:
-    return {name: _run(tmp_path_factory, f"samples-{name}", *mode, *SAMPLING, input_url=str(sample_input))
+    return {name: run_to_end(tmp_path_factory, f"samples-{name}", *mode, *SAMPLING, input_url=str(sample_input))
             for name, mode in (("colocated", ["pools=colocated"]),
                                ("disaggregated", ["pools=disaggregated", "pools.decode=2", "transport=nixl_pull"]),
                                ("push-dram", ["pools=disaggregated", "transport=nixl_push", "offload=dram",
@@ -118,7 +118,7 @@ def batch_run(tmp_path_factory, sample_input) -> Run:
     d = tmp_path_factory.mktemp("samples-batch") / "input"
     d.mkdir()
     (d / "requests.jsonl").write_text((sample_input / "requests.jsonl").read_text())
-    return _run(tmp_path_factory, "samples-batch-n1", "pools=disaggregated", "transport=nixl_pull", *SAMPLING,
+    return run_to_end(tmp_path_factory, "samples-batch-n1", "pools=disaggregated", "transport=nixl_pull", *SAMPLING,
                 "job.sampling.n=1", input_url=str(d))
 
 

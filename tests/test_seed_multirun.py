@@ -15,7 +15,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from tests.conftest import COMMON, ROOT, run_pipeline
+from tests.helpers import COMMON, ROOT, run_pipeline
 
 pytestmark = pytest.mark.e2e
 

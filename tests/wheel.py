@@ -11,7 +11,7 @@ import sys
 import sysconfig
 from pathlib import Path
 
-from tests.conftest import ROOT
+from tests.helpers import ROOT
 
 
 class Installed:

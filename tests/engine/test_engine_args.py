@@ -18,8 +18,7 @@ from pipeline.engine.build import (
     OWNED, ROLE_DEFAULTS, ROLE_SETTINGS, engine_kwargs, pipeline_engine_kwargs, role_engine_kwargs, user_engine_kwargs,
 )
 from pipeline.preflight.engine_args import KV_SHARED, local_model, check_engine_args
-from tests.conftest import ROOT, SAMPLE, run_pipeline
-from tests.test_cli_errors import _one_line_error
+from tests.helpers import ROOT, SAMPLE, one_line_error, run_pipeline
 
 ROLES = ("prefill", "decode", "colocated")
 
@@ -225,7 +224,7 @@ def test_without_vllm_the_pipeline_own_checks_still_run():
 
 def test_command_line_refusal_is_one_line_exit_2(tmp_path):
     """Through python -m pipeline: vLLM's import says nothing on stderr; nothing is started."""
-    line = _one_line_error(run_pipeline("+job=summarize", "run.progress=false", f"job.input={SAMPLE}",
+    line = one_line_error(run_pipeline("+job=summarize", "run.progress=false", f"job.input={SAMPLE}",
                                         f"run.dir={tmp_path / 'run'}", "model.decode_engine_kwargs.max_num_seq=2"))
     assert line == ("error: model.decode_engine_kwargs.max_num_seq: not a vLLM engine argument (a field of "
                     "AsyncEngineArgs); did you mean max_num_seqs or max_num_active_seqs or max_num_queued_reqs?"), line

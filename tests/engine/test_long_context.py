@@ -16,15 +16,12 @@ decode worker's record of its DRAM tier, and the prefill worker's own NIXL timin
 """
 from __future__ import annotations
 
-import sys
-
 import pytest
 
 from pipeline.io.metrics import read_dram_use, read_request_metrics, read_worker_metrics
-from tests.conftest import ROOT, Run, _run, last_core, start_run
-
-sys.path.insert(0, str(ROOT / "tools"))
-from long_prompts import write_prompts, yarn_context  # noqa: E402
+from tests.helpers import Run, last_core, start_run
+from tests.helpers import run_to_end as _run
+from tools.long_prompts import write_prompts, yarn_context
 
 CONTEXT, TRAINED = 12288, 8192
 COUNTS = [11_500, 4_500, 400]  # document tokens; the job's template adds a few dozen

@@ -148,10 +148,9 @@ def test_messages_column_type_is_checked_at_start(tmp_path):
 def test_rag_job_with_chat_messages_is_refused_at_start():
     """The RAG job builds each prompt from the question (job.text_column) and its passages;
     chat messages there would otherwise fail every row after start-up."""
-    from tests.conftest import run_pipeline
-    from tests.test_cli_errors import _one_line_error
+    from tests.helpers import one_line_error, run_pipeline
 
     with pytest.raises(ConfigError, match="job.messages_column: the RAG job reads each question from job.text_column"):
         compose(["+job=rag", "job.messages_column=messages"])
     p = run_pipeline("+job=rag", "job.messages_column=messages")
-    assert p.returncode == 2 and "job.messages_column" in _one_line_error(p)
+    assert p.returncode == 2 and "job.messages_column" in one_line_error(p)

@@ -6,7 +6,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from pipeline.io.shards import list_shards, read_shard
-from tests.conftest import SAMPLE
+from tests.helpers import SAMPLE
 
 
 def test_list_shards_directory_glob_file_and_file_url():

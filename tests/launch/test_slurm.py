@@ -14,7 +14,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from pipeline.runtime.claims import holders
-from tests.conftest import COMMON, PREFILL_NODES, ROOT, SAMPLE, SLURM, assert_across_hosts, node_bytes_sent
+from tests.helpers import COMMON, PREFILL_NODES, ROOT, SAMPLE, SLURM, assert_across_hosts, node_bytes_sent
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slurm]
 SHARDS = sorted(p.name for p in SAMPLE.glob("*.parquet"))

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import ROOT, SLURM_NODES
+from tests.helpers import ROOT, SLURM_NODES
 
 pytestmark = pytest.mark.slurm
 

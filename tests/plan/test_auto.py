@@ -16,7 +16,7 @@ import pytest
 from pipeline.config import compose
 from pipeline.io.sample import sample_prompt_lengths
 from pipeline.plan.auto import choose_pools, local_prefill_threshold
-from tests.conftest import SAMPLE, run_pipeline
+from tests.helpers import SAMPLE, run_pipeline
 from tests.plan.toy import TOY, TOY_HW
 
 

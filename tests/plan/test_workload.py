@@ -9,7 +9,7 @@ import yaml
 
 from pipeline.plan.model import load_model
 from pipeline.plan.workload import workload, workload_from_input
-from tests.conftest import ROOT
+from tests.helpers import ROOT
 
 
 def test_bad_workloads_raise_one_line_value_errors():

@@ -7,7 +7,7 @@ import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 import pytest
 
-from tests.conftest import ROOT, run_pipeline
+from tests.helpers import ROOT, run_pipeline
 from pipeline.rag.job import retriever_for
 from pipeline.config import compose
 

@@ -8,7 +8,7 @@ import subprocess
 import sys
 
 from pipeline.report.cli import main
-from tests.conftest import ROOT
+from tests.helpers import ROOT
 from tests.report.synthetic import make_run
 
 

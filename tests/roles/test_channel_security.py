@@ -13,7 +13,7 @@ import time
 import pytest
 import zmq
 
-from tests.conftest import ROOT, SAMPLE
+from tests.helpers import ROOT, SAMPLE
 from pipeline.config import compose
 from pipeline.io.shards import list_shards
 from pipeline.runtime.rundir import RunDir

@@ -14,7 +14,7 @@ import psutil
 import pyarrow.parquet as pq
 import pytest
 
-from tests.conftest import COMMON, ROOT, SAMPLE, run_pipeline
+from tests.helpers import COMMON, ROOT, SAMPLE, run_pipeline
 from pipeline.runtime.claims import holders
 from pipeline.runtime.rundir import RunDir
 from pipeline.roles.errors import DecodeUnavailable

@@ -9,7 +9,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from tests.conftest import ROOT
+from tests.helpers import ROOT
 
 
 def _dry(script: str, *args: str) -> list[str]:
