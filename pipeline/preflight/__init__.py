@@ -15,6 +15,10 @@ status 2 from ``python -m pipeline``) naming the setting:
   null: refused, naming the setting that keeps them; set: the prefixed names must be free).
   A shard whose footer cannot be parsed is not refused here: it fails on its own later, the
   others run;
+- the model: ``model.path`` is a folder (a relative one is found from the launch directory and
+  made absolute for the workers) or a hub id already in the local Hugging Face cache, never
+  downloaded (:func:`pipeline.model.resolve.find_model`), and holds a ``config.json``, which
+  every check of the model's shape below reads;
 - templates (``job.prompt_template``, ``job.system_prompt``, ``job.rag.template``), read like
   ``str.format`` (:func:`pipeline.io.prompts.parse_template`);
 - a re-run into a ``run.dir`` that holds results (done markers or row checkpoints): every
@@ -41,7 +45,6 @@ size), ``kv_fit`` (KV room for one request).
 from __future__ import annotations
 
 import datetime as dt
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -149,7 +152,10 @@ def preflight(cfg: Config, run_dir: Path | None = None) -> Plan:
             its results depend on; a fixed ``transport.base_port`` whose ports are taken here;
             a KV cache, ``model.decode_kv_blocks`` or DRAM tier too small for one request of
             ``model.max_model_len`` tokens (:mod:`pipeline.preflight.kv_fit`); pool TP sizes or
-            block sizes the model or vLLM's NIXL connector cannot take (:mod:`.layout`).
+            block sizes the model or vLLM's NIXL connector cannot take (:mod:`.layout`); a
+            ``model.path`` that is neither a folder nor a hub id in the local Hugging Face
+            cache (the message gives the command that fetches it), or a folder without
+            ``config.json``.
     """
     check_templates(cfg)
     check_engine_args(cfg)
@@ -173,8 +179,6 @@ def preflight(cfg: Config, run_dir: Path | None = None) -> Plan:
     if job.rag:
         list_input(job.rag.corpus, "job.rag.corpus")
     check_overlap(inputs, outputs, where, shards, output)
-    if cfg.model.path and os.path.isabs(cfg.model.path) and not os.path.isdir(cfg.model.path):
-        raise ConfigError(f"model.path: no such directory: {cfg.model.path}")
     schemas, rows, unreadable = read_footers(shards)
     renamed = check_columns(cfg, schemas, [s.name for s in shards])
     for key, url in outputs:
@@ -201,11 +205,8 @@ def estimate_prompt_tokens(plan: Plan) -> str:
     for :meth:`Plan.describe`; says why when there is no estimate (the model is not at hand
     without converting or downloading it, or no row could be read)."""
     cfg = plan.cfg
-    path = cfg.model.path
-    if path is None and not (cache_dir() / "models" / cfg.model.name / "config.json").exists():
+    if cfg.model.path is None and not (cache_dir() / "models" / cfg.model.name / "config.json").exists():
         return "not estimated (the bundled model is converted on the first real run)"
-    if path is not None and not os.path.isdir(path):
-        return "not estimated (the model is not a local directory)"
     from pipeline.engine.model import load_tokenizer
     from pipeline.io.sample import sample_prompt_lengths
 

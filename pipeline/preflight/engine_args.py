@@ -48,7 +48,7 @@ from pipeline.engine.build import (
     user_engine_kwargs,
 )
 from pipeline.engine.lora import ADAPTER_WEIGHTS, VLLM_RANKS, adapter_rank
-from pipeline.model.resolve import cache_dir
+from pipeline.model.resolve import ModelNotFound, cache_dir, find_model
 from pipeline.preflight.locations import one_line
 
 #: ``AsyncEngineArgs`` fields that decide the KV a token gets (its layout, or the model that
@@ -246,9 +246,22 @@ def _check_with_vllm(cfg: Config, role: Role, model: str) -> str | None:
 
 
 def local_model(cfg: Config) -> str | None:
-    """The model directory when it is on this machine already, else None."""
+    """The model's folder on this machine: ``model.path`` found as a folder or a hub id in the
+    local Hugging Face cache (:func:`~pipeline.model.resolve.find_model`), or the bundled model
+    once converted (None before its first real run converts it).
+
+    Raises:
+        ConfigError: ``model.path`` is not found (the message says how to fetch a hub id), or its
+            folder holds no ``config.json`` (every check of the model's shape reads it).
+    """
     if cfg.model.path:
-        return cfg.model.path if os.path.isdir(cfg.model.path) else None
+        try:
+            folder = find_model(cfg.model.path)
+        except ModelNotFound as exc:
+            raise ConfigError(str(exc)) from None
+        if not (Path(folder) / "config.json").is_file():
+            raise ConfigError(f"model.path: {folder} holds no config.json: not a Hugging Face model folder")
+        return folder
     converted = cache_dir() / "models" / cfg.model.name
     return str(converted) if (converted / "config.json").is_file() else None
 
