@@ -102,11 +102,25 @@ def _set_heartbeat(run: RunDir, rank: int, heartbeat: float) -> None:
     write_json(run.path / "decode" / f"rank-{rank}.json", {**ep, "heartbeat": heartbeat})
 
 
+async def _until(condition, timeout_s: float, what: str) -> float:
+    """Wait until ``condition()`` holds, polling every 20 ms; returns when (time.monotonic()).
+    Fails naming ``what`` after ``timeout_s`` seconds."""
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, f"{what}: not within {timeout_s:g} s"
+        await asyncio.sleep(0.02)
+    return time.monotonic()
+
+
 def test_liveness_follows_heartbeat_changes_not_the_decode_nodes_clock(tmp_path):
     # Three decode nodes whose clocks disagree with this one: rank 0's is an hour behind, rank
     # 1's an hour ahead, rank 2's agrees. Ranks 0 and 1 beat every 0.5 s; rank 2's heartbeat
     # never changes after the first. Comparing clocks would call rank 0 dead at once and rank 1
     # alive forever; what counts is whether the value is seen to change within dead_after_s.
+    # The test waits for each change of the router's view itself (its monitor looks every
+    # second) and checks when it came: not before dead_after_s of silence.
+    dead_after_s = 2.0
+
     async def go():
         run = RunDir(tmp_path)
         skew = {0: -3600.0, 1: 3600.0, 2: 0.0}
@@ -114,26 +128,38 @@ def test_liveness_follows_heartbeat_changes_not_the_decode_nodes_clock(tmp_path)
         for rank in skew:
             run.publish_decode(rank, f"tcp://127.0.0.1:{20000 + rank}", f"decode-{rank}@x", 8192)
             _set_heartbeat(run, rank, t0 + skew[rank])
-        c = DecodeRouter(run, timeout_s=5, dead_after_s=2.0, secret=b"k" * 32)
+        created = time.monotonic()  # the router first sees each heartbeat value after this
+        c = DecodeRouter(run, timeout_s=5, dead_after_s=dead_after_s, secret=b"k" * 32)
+        beating, last_beat = {0, 1}, {}
+
+        async def beat():  # the decode nodes' heartbeats, each on its own clock
+            k = 0
+            while True:
+                await asyncio.sleep(0.5)
+                k += 1
+                for rank in sorted(beating):
+                    _set_heartbeat(run, rank, t0 + skew[rank] + k)
+                    last_beat[rank] = time.monotonic()  # the router sees this value after now
+
+        beats = asyncio.create_task(beat())
         lost = asyncio.get_running_loop().create_future()
         try:
             assert c.live == {0, 1, 2}  # first seen: alive
             c.inflight[2] = {"2:0": lost}
-            for k in range(1, 7):  # 3 s
-                await asyncio.sleep(0.5)
-                for rank in (0, 1):
-                    _set_heartbeat(run, rank, t0 + skew[rank] + k)
-            assert c.live == {0, 1}  # rank 2 silent for >= 2 s; rank 0 alive though "an hour old"
+            at = await _until(lambda: 2 not in c.live, 10, "rank 2 (silent) dropped")
+            assert at - created >= dead_after_s  # not before 2 s of silence
+            assert c.live == {0, 1}  # rank 0 alive though "an hour old"
             with pytest.raises(DecodeLost, match="heartbeat did not change for 2 s"):
                 await asyncio.wait_for(lost, 0)
-            for k in range(7, 14):  # 3.5 s more: rank 1 (clock ahead) stops beating
-                await asyncio.sleep(0.5)
-                _set_heartbeat(run, 0, t0 + skew[0] + k)
+            beating.discard(1)  # rank 1 (clock ahead) stops beating
+            at = await _until(lambda: 1 not in c.live, 10, "rank 1 (stopped beating) dropped")
+            assert at - last_beat[1] >= dead_after_s
             assert c.live == {0}
             _set_heartbeat(run, 2, t0 + 100)  # rank 2 beats again: alive again
-            await asyncio.sleep(1.5)
+            await _until(lambda: 2 in c.live, 10, "rank 2 alive again")
             assert c.live == {0, 2}
         finally:
+            beats.cancel()
             c.inflight = {}
             c.close()
     asyncio.run(go())
@@ -193,10 +219,7 @@ def test_a_rank_that_acknowledges_nothing_is_skipped_until_it_answers_a_probe(tm
             peer, data = await asyncio.wait_for(servers[0].recv_multipart(), 5)
             assert isinstance(decode(verify(secret, data)), Probe)
             await servers[0].send_multipart([peer, sign(secret, encode(Received()))])
-            for _ in range(50):
-                if not c.unreachable:
-                    break
-                await asyncio.sleep(0.1)
+            await _until(lambda: not c.unreachable, 5, "rank 0 reachable again after answering the probe")
             assert c.unreachable == {} and await c._pick(1, kv_tokens=10) == 0
         finally:
             answers.cancel()
