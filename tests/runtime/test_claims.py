@@ -62,8 +62,15 @@ def test_many_claimants_some_killed_complete_every_unit_exactly_once(tmp_path):
              for i in range(CLAIMANTS)]
     for p in procs:
         p.start()
-    time.sleep(0.5)
-    held = Claims(tmp_path, "observer").holders()
+    # Kill them once each holds its first unit (they hold it for 60 s): wait for that itself.
+    killed = {f"w{i}" for i in KILLED}
+    deadline = time.monotonic() + 60
+    while True:
+        held = Claims(tmp_path, "observer").holders()
+        if killed <= {w for _, w in held.values()}:
+            break
+        assert time.monotonic() < deadline, f"the slow claimants claimed nothing within 60 s: {held}"
+        time.sleep(0.01)
     for i in KILLED:
         os.kill(procs[i].pid, signal.SIGKILL)
     for p in procs:
@@ -99,9 +106,13 @@ def test_the_launcher_sees_a_worker_live_until_it_ends_or_its_heartbeat_stands_s
     a = Claims(tmp_path, "prefill-0").start_heartbeat(every_s=0.1)
     b = Claims(tmp_path, "prefill-1")
     b.beat()  # one beat, then nothing: killed outright
+    first_look = time.monotonic()
     assert watcher.live() == ["prefill-0", "prefill-1"]
-    time.sleep(0.8)
-    assert watcher.live() == ["prefill-0"]  # b's heartbeat stood still for 0.5 s of this clock
+    deadline = first_look + 10
+    while (live := watcher.live()) != ["prefill-0"]:
+        assert live == ["prefill-0", "prefill-1"] and time.monotonic() < deadline, live
+        time.sleep(0.01)
+    assert time.monotonic() - first_look >= 0.5  # b's heartbeat stood still for 0.5 s of this clock
     a.stop_heartbeat()  # its last beat says it ended
     assert watcher.live() == []
 
@@ -131,6 +142,7 @@ def test_a_worker_that_frees_up_claims_the_next_shard(tmp_path):
     run = RunDir(run_dir)
     run.create(cfg, list_shards(str(tmp_path / "input")), str(run_dir / "output"), len(words))
     tokenizer = load_tokenizer(cfg)
+    failed: dict[str, BaseException] = {}
 
     def worker(claims: Claims) -> None:
         name = claims.worker
@@ -143,7 +155,11 @@ def test_a_worker_that_frees_up_claims_the_next_shard(tmp_path):
             return served_row(text=word, token_ids=[1], finish_reason="stop", error=None, token_times=[0.0],
                               prefill_start=0.0, prefill_end=None, prefill_worker=name)
 
-        asyncio.run(own_shards(run, cfg, claims, name, own_tokenizer, serve))
+        try:
+            asyncio.run(own_shards(run, cfg, claims, name, own_tokenizer, serve))
+        except BaseException as exc:  # a thread's exception is only printed: keep it for the test
+            failed[name] = exc
+            raise
 
     claims = [Claims(run.path, "colocated-0"), Claims(run.path, "colocated-1")]
     assert [c.claim_next([i]) for i, c in enumerate(claims)] == [0, 1]  # as claim_first does: who draws the big shard
@@ -152,6 +168,8 @@ def test_a_worker_that_frees_up_claims_the_next_shard(tmp_path):
         t.start()
     for t in threads:
         t.join(timeout=120)
+    assert [t.name for t in threads if t.is_alive()] == [], "workers still running after 120 s"
+    assert failed == {}, failed  # each returned by itself: nothing left to claim
     done = run.done()
     assert {name: m["worker"] for name, m in done.items()} == {
         "part-0.parquet": "colocated-0", "part-1.parquet": "colocated-1",
