@@ -99,7 +99,8 @@ class RunHandle:
 
     def wait(self, progress: bool = False) -> Summary:
         """Follow the run to its end and return its :class:`Summary` (also written to
-        ``RUN_DIR/summary.json``).
+        ``RUN_DIR/summary.json``); the output folder's card (:mod:`pipeline.report.card`) is
+        written or brought up to date.
 
         Raises:
             pipeline.launch.watch.RunFailed: a worker failed.
@@ -108,6 +109,8 @@ class RunHandle:
             watch(self.run, self.jobs, self.total_rows, progress=progress, joined=self.joined)
             self._summary = summarize(self.run, self.output, self.n_shards, time.monotonic() - self.started,
                                       final=not self.joined)
+            if not self.joined:
+                _card(self.cfg, self.run, self.output, self._summary.wall_s)
             if self.cfg.run.report and not self.joined:
                 self._summary.report = _report(self.run)
         return self._summary
@@ -238,6 +241,23 @@ def _choose_pools(cfg: Config, plan: Plan):
         raise ConfigError(f"pools=auto: {str(exc).splitlines()[0]}") from None
     print(choice.text(), flush=True)
     return cfg, choice
+
+
+def _card(cfg: Config, run: RunDir, output: str, wall_s: float) -> None:
+    """Write the output's card (:func:`pipeline.report.card.write_card`) for this launch, which
+    started ``wall_s`` seconds ago; a card that cannot be written is a warning, not a failed run."""
+    from pipeline.engine.model import model_path
+    from pipeline.report.card import Launch, write_card
+
+    try:
+        folder = model_path(cfg)
+    except (OSError, ValueError):
+        folder = None
+    now = time.time()
+    try:
+        write_card(cfg, output, folder, Launch(str(run.path), now - wall_s, now))
+    except Exception as exc:  # noqa: BLE001 -- pyarrow and fsspec raise many types; the output itself is whole
+        print(f"warning: no output card: {type(exc).__name__}: {exc}", file=sys.stderr)
 
 
 def _report(run: RunDir) -> dict | None:

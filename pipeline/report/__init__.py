@@ -65,5 +65,8 @@ Modules (import from the one that owns a name; this package re-exports nothing):
 - :mod:`pipeline.report.text`: ``summary_text``, a report's headline numbers as text;
 - :mod:`pipeline.report.write`: ``write_report``, ``report.json`` and the PNGs of one run;
 - :mod:`pipeline.report.compare`: ``compare_reports``, two runs side by side;
+- :mod:`pipeline.report.card`: ``write_card`` and ``card_mismatches``, the output folder's card
+  (``_card.json``, ``_card.md``: what made it, and what it holds), which the command line checks
+  against the output shards (exit status 1 when they differ);
 - :mod:`pipeline.report.cli`: ``main``, the command line (``python -m pipeline.report``).
 """

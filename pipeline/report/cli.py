@@ -17,7 +17,8 @@ from pipeline.report.write import write_report
 
 def main(argv: Iterable[str] | None = None) -> int:
     """Run the command line on ``argv`` (default ``sys.argv[1:]``); returns the exit status: 0, or
-    2 when a run directory is missing or its metrics are unreadable (one line on stderr)."""
+    2 when a run directory is missing or its metrics are unreadable, or 1 when the output's card
+    does not match the output (:func:`card_error`), each with one line on stderr."""
     parser = argparse.ArgumentParser(
         prog="python -m pipeline.report",
         description="Write a run's performance report (report.json and PNGs) from its metrics.")
@@ -61,4 +62,29 @@ def main(argv: Iterable[str] | None = None) -> int:
     except (FileNotFoundError, ValueError) as exc:
         print(f"error: {one_line(exc)}", file=sys.stderr)
         return 2
+    wrong = card_error(args.run_dir)
+    if wrong:
+        print(f"error: {wrong}", file=sys.stderr)
+        return 1
     return 0
+
+
+def card_error(run_dir: str | Path) -> str | None:
+    """One line saying how the card of the run's output (:mod:`pipeline.report.card`) differs
+    from the output shards, or cannot be read; None when they agree, or when there is no card
+    (or no ``shards.json`` naming the output)."""
+    import pyarrow as pa
+
+    from pipeline.report.card import CARD_JSON, card_mismatches
+    from pipeline.runtime.rundir import RunDir
+
+    try:
+        output = RunDir(run_dir).output_dir()
+    except (OSError, ValueError, KeyError):
+        return None
+    try:
+        wrong = card_mismatches(output)
+    except (OSError, ValueError, pa.ArrowException) as exc:
+        return f"the output's card ({output}/{CARD_JSON}) cannot be checked: {one_line(exc)}"
+    return (f"the output's card ({output}/{CARD_JSON}) does not match the output: {'; '.join(wrong)}"
+            if wrong else None)
