@@ -95,6 +95,39 @@ def test_compare_colocated_with_disaggregated(colocated_run, push_run, tmp_path)
     assert c["a"]["mode"] == "colocated" and c["b"]["mode"] == "disaggregated"
 
 
+def test_output_card_matches_the_run(push_run, tmp_path, capsys):
+    """The run left a card beside its output (docs/outputs.md#the-card) that agrees with the
+    output shards, read here with pyarrow, and with the run's config.yaml; the report accepts it."""
+    import hashlib
+
+    import yaml
+
+    from pipeline.preflight.rerun import RESULT_KEYS
+    from pipeline.report.cli import main
+
+    card = json.loads((push_run.output / "_card.json").read_text())
+    assert (push_run.output / "_card.md").is_file()
+    rows = list(_output(push_run).values())
+    assert (card["rows"], card["errors"]) == (len(rows), sum(r["error"] is not None for r in rows)) == (24, 0)
+    assert card["prompt_tokens"] == sum(r["prompt_tokens"] for r in rows) == push_run.summary()["prompt_tokens"]
+    assert card["output_tokens"] == sum(r["output_tokens"] for r in rows) == push_run.summary()["output_tokens"]
+    assert sorted(card["shards"]) == sorted(p.name for p in push_run.output.glob("*.parquet"))
+    config = yaml.safe_load((push_run.run_dir / "config.yaml").read_text())
+    settings = {}
+    for key in RESULT_KEYS:
+        v = config
+        for part in key.split("."):
+            v = v.get(part) if isinstance(v, dict) else None
+        settings[key] = v
+    assert card["config_sha256"] == hashlib.sha256(
+        json.dumps(settings, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+    assert (card["dtype"], card["tp"]) == ("float32", {"prefill": 1, "decode": 1})
+    assert card["prompt_template"] == config["job"]["prompt_template"]
+    assert card["sampling"]["max_new_tokens"] == config["job"]["sampling"]["max_new_tokens"]
+    assert card["model"]["files_sha256"] and card["versions"]["vllm"] and card["started"] <= card["ended"]
+    assert main([str(push_run.run_dir), "--out", str(tmp_path)]) == 0, capsys.readouterr().err
+
+
 def test_planner_calibrated_on_one_run_predicts_another(push_run, pull_run):
     """The planner's CPU profile is fitted on the push run; its makespan, TTFT p50 and ITL
     predictions for the pull run (same layout, 1P:1D, same prompts, the push run's
