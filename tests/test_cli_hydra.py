@@ -1,9 +1,12 @@
 """``python -m pipeline`` as a Hydra application: ``--help``, ``--cfg``, ``--info``, ``-m`` sweeps,
 and ``submit`` with the same overrides. No test here starts an engine: every run is a dry run,
-refused, printed, or launched through a stand-in for :func:`pipeline.run.start_job`."""
+refused, printed, submitted through the real launcher to stand-ins for Slurm's sbatch and srun,
+or launched through a stand-in for :func:`pipeline.run.start_job` (a local sweep, whose real
+points would start engines)."""
 
 from __future__ import annotations
 
+import os
 import re
 import signal
 from pathlib import Path
@@ -175,16 +178,51 @@ def fake_start(monkeypatch, tmp_path):
     signal.signal(signal.SIGTERM, before)
 
 
-def test_multirun_on_slurm_submits_every_point_without_waiting(fake_start, tmp_path, capsys):
-    from pipeline.__main__ import main
+# Stand-ins for Slurm's commands, put first on PATH: the test Slurm comes up only for the
+# slurm-marked tests (minutes, root). Everything before them is the real code: the checks, the
+# run directories, submitit's SlurmExecutor writing each batch script and parsing sbatch's answer.
+# sbatch keeps the script and answers as Slurm's does; srun must exist (submitit looks for it)
+# and is never run (nothing runs the scripts).
+_SBATCH = """#!/bin/sh
+n=$(( $(ls "$SBATCH_LOG" | wc -l) + 100 ))
+for script; do :; done
+cp "$script" "$SBATCH_LOG/$n.sh"
+echo "Submitted batch job $n"
+"""
 
-    status = main(["+job=summarize", "-m", "cluster=slurm", "pools.prefill=1,2", f"run.root={tmp_path}"])
-    out = capsys.readouterr().out
-    assert status == 0, out
-    assert len(fake_start) == 2 and not any(h.waited for h in fake_start)
-    assert [h.cfg.pools.prefill for h in fake_start] == [1, 2]
-    assert "point 0: submitted jobs 100, 200 | pools.prefill=1" in out
-    assert "point 1: submitted jobs 101, 201 | pools.prefill=2" in out
+
+def test_multirun_on_slurm_submits_every_point_without_waiting(tmp_path):
+    bin_dir, scripts = tmp_path / "bin", tmp_path / "sbatch"
+    bin_dir.mkdir()
+    scripts.mkdir()
+    (bin_dir / "sbatch").write_text(_SBATCH)
+    (bin_dir / "srun").write_text("#!/bin/sh\nexit 1\n")
+    for f in bin_dir.iterdir():
+        f.chmod(0o755)
+    # Nothing ever runs the jobs, so a launcher that waited for them would not return.
+    p = run_pipeline("+job=summarize", "-m", "cluster=slurm", "pools.prefill=1,2", f"run.root={tmp_path / 'runs'}",
+                     timeout=120, env={"PATH": f"{bin_dir}:{os.environ['PATH']}", "SBATCH_LOG": str(scripts)})
+    assert p.returncode == 0, p.stdout + p.stderr[-3000:]
+    # Submitted in order: point 0's decode job (100) and its prefill task (101), point 1's
+    # decode job (102) and its array of two prefill tasks (103).
+    assert "point 0: submitted jobs 101, 100 | pools.prefill=1" in p.stdout, p.stdout
+    assert "point 1: submitted jobs 103_0, 103_1, 102 | pools.prefill=2" in p.stdout, p.stdout
+    sent = {int(f.stem): f.read_text() for f in scripts.glob("*.sh")}
+    assert sorted(sent) == [100, 101, 102, 103]
+    options = {n: set(re.findall(r"^#SBATCH (\S+)$", text, re.M)) for n, text in sent.items()}
+    # cluster=slurm's options on every job; the prefill tasks held until their point's decode job
+    # has started; point 1's two tasks one array, both at once.
+    for n in sent:
+        assert {"--constraint=ib", "--cpus-per-task=8", "--gpus-per-task=1", "--mem=65536M", "--time=240",
+                "--requeue", "--nodes=1"} <= options[n], options[n]
+    assert {"--job-name=pd-decode-0"} <= options[100] and not any(o.startswith("--array") for o in options[100])
+    assert {"--job-name=pd-prefill-0", "--dependency=after:100"} <= options[101]
+    assert {"--job-name=pd-decode-1"} <= options[102]
+    assert {"--job-name=pd-prefill-1", "--dependency=after:102", "--array=0-1%2"} <= options[103]
+    # Each point's run directory was laid out and names its jobs; no job wrote a log.
+    runs = sorted(tmp_path.glob("runs/summarize/*/*/jobs.json"))
+    assert [r.parent.name for r in runs] == ["0", "1"]
+    assert not list(tmp_path.glob("runs/**/*_log.out"))
 
 
 def test_multirun_locally_runs_points_one_after_another_and_exits_with_the_worst(fake_start, tmp_path, capsys):
