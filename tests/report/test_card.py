@@ -23,6 +23,7 @@ from tests.report.synthetic import make_run
 SHARDS = {  # name -> rows of (error, prompt_tokens, output_tokens)
     "a.parquet": [(None, 10, 3), (None, 12, 5), ("text is null", None, 0)],
     "lang=en/b.parquet": [(None, 7, 4)],
+    "data.parquet/part-0.parquet": [(None, 2, 1)],  # a Spark-style folder named like a shard
 }
 
 
@@ -73,10 +74,10 @@ def test_card_holds_what_the_output_and_config_say(tmp_path, cfg):
     on_disk = json.loads((out / "_card.json").read_text())
     assert on_disk == card
     rows = {n: pq.read_table(out / n).to_pylist() for n in SHARDS}
-    assert card["rows"] == sum(len(r) for r in rows.values()) == 4
+    assert card["rows"] == sum(len(r) for r in rows.values()) == 5
     assert card["errors"] == sum(x["error"] is not None for r in rows.values() for x in r) == 1
-    assert card["prompt_tokens"] == sum(x["prompt_tokens"] or 0 for r in rows.values() for x in r) == 29
-    assert card["output_tokens"] == sum(x["output_tokens"] for r in rows.values() for x in r) == 12
+    assert card["prompt_tokens"] == sum(x["prompt_tokens"] or 0 for r in rows.values() for x in r) == 31
+    assert card["output_tokens"] == sum(x["output_tokens"] for r in rows.values() for x in r) == 13
     assert set(card["shards"]) == set(SHARDS) and card["shards"]["lang=en/b.parquet"]["rows"] == 1
     assert card["model"]["revision"] == "0123abcd" and card["model"]["files_sha256"] is None
     assert (card["dtype"], card["tp"], card["system_prompt"]) == ("float32", {"prefill": 1, "decode": 2}, "Be brief.")
@@ -87,9 +88,9 @@ def test_card_holds_what_the_output_and_config_say(tmp_path, cfg):
     assert card["versions"]["vllm"] and card["versions"]["nixl"]
     assert (card["started"], card["ended"]) == ("2027-01-15T08:00:00+00:00", "2027-01-15T08:01:30+00:00")
     md = (out / "_card.md").read_text()
-    assert "0123abcd" in md and "rows**: 4 in 2 shards (errors 1)" in md
+    assert "0123abcd" in md and "rows**: 5 in 3 shards (errors 1)" in md
     # Readers of the output see only the shards (pyarrow skips _ files, as the package's do).
-    assert pq.read_table(out).num_rows == 4
+    assert pq.read_table(out).num_rows == 5
     assert card_mismatches(str(out)) == []
 
 
@@ -111,7 +112,7 @@ def test_files_fingerprint_and_a_rerun_updates_the_card(tmp_path, cfg):
     pq.write_table(pa.table({"error": pa.array([None], pa.string()), "prompt_tokens": pa.array([5], pa.int32()),
                              "output_tokens": pa.array([6], pa.int32())}), out / "c.parquet")
     second = write_card(cfg, f"file://{out}", str(model), Launch("/runs/x", 1_800_000_500.0, 1_800_000_600.0))
-    assert (second["rows"], second["output_tokens"]) == (5, 18) and "c.parquet" in second["shards"]
+    assert (second["rows"], second["output_tokens"]) == (6, 19) and "c.parquet" in second["shards"]
     assert second["started"] == first["started"] and second["ended"] == "2027-01-15T08:10:00+00:00"
     assert len(second["launches"]) == 2
 
@@ -132,7 +133,7 @@ def test_report_refuses_a_card_that_does_not_match_its_output(tmp_path, cfg, cap
     (out / "_card.json").write_text(json.dumps(card))
     assert main([str(run)]) == 1
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and err.startswith("error: ") and "rows 7 in the card, 4 in the output shards" in err
+    assert err.count("\n") == 1 and err.startswith("error: ") and "rows 7 in the card, 5 in the output shards" in err
 
 
 def test_report_refuses_an_output_shard_the_card_does_not_list(tmp_path, cfg, capsys):
