@@ -84,7 +84,7 @@ def card_error(run_dir: str | Path) -> str | None:
         return None
     try:
         wrong = card_mismatches(output)
-    except (OSError, ValueError, pa.ArrowException) as exc:
+    except (OSError, ValueError, ImportError, pa.ArrowException) as exc:  # ImportError: no fsspec driver
         return f"the output's card ({output}/{CARD_JSON}) cannot be checked: {one_line(exc)}"
     return (f"the output's card ({output}/{CARD_JSON}) does not match the output: {'; '.join(wrong)}"
             if wrong else None)
