@@ -107,7 +107,9 @@ def test_the_shards_being_served_are_named_with_their_holder(tmp_path):
     # prefill-1 went silent; prefill-0 takes its shard over (dead after 0 s: at once).
     taker = Claims(run.path, "prefill-0@n1", dead_after_s=0.0)
     assert taker.alive("prefill-1@n2")  # first look: not watched long enough
-    time.sleep(0.01)
+    deadline = time.monotonic() + 5
+    while taker.alive("prefill-1@n2"):  # dead once this clock has moved on from the first look
+        assert time.monotonic() < deadline, "prefill-1 never counted as dead"
     assert taker.claim_next([0, 1], settled={0}) == 1
     text = status_text(run)
     assert "serving: part-1.parquet (prefill-0, taken over)" in text, text
