@@ -19,6 +19,35 @@ def test_input_without_parquet(tmp_path):
     assert "no .parquet shards" in line
 
 
+def test_dry_run_refuses_an_input_of_which_no_shard_is_readable(tmp_path):
+    """A text file named ``docs.parquet`` as the only shard, or a folder whose every shard is
+    unreadable: nothing would run, so the dry run (and the run) exit 2 naming the first and why,
+    instead of "it will fail, the others run" with no others (issue #41). With some readable
+    shards the others still run (tests/test_preflight.py)."""
+    (tmp_path / "one").mkdir()
+    (tmp_path / "one" / "docs.parquet").write_text("plain text, not Parquet\n")
+    for where in (tmp_path / "one", tmp_path / "one" / "docs.parquet"):
+        line = one_line_error(run_pipeline("+job=summarize", f"job.input={where}", f"run.root={tmp_path}", "--dry-run"))
+        assert line.startswith("error: job.input: no shard is readable") and "its only shard, docs.parquet" in line
+        assert "Parquet magic bytes not found" in line, line
+    (tmp_path / "all").mkdir()
+    (tmp_path / "all" / "a.parquet").write_bytes(b"PAR1")  # truncated: the magic bytes only
+    (tmp_path / "all" / "b.parquet").write_text("x")
+    line = one_line_error(run_pipeline("+job=summarize", f"job.input={tmp_path / 'all'}", f"run.root={tmp_path}",
+                                       "--dry-run"))
+    assert "no shard is readable" in line and "2 shards; the first, a.parquet:" in line
+
+
+@pytest.mark.parametrize("name", ["docs.txt", "docs.tsv"])
+def test_a_file_with_an_extension_not_read_is_refused_not_read_as_parquet(tmp_path, name):
+    (tmp_path / name).write_text("id\ttext\n1\thello\n")
+    line = one_line_error(run_pipeline("+job=summarize", f"job.input={tmp_path / name}", f"run.root={tmp_path}",
+                                       "--dry-run"))
+    ext = name[name.index("."):]
+    assert f"job.input: {tmp_path / name}: {ext} files are not read" in line
+    assert "Parquet (.parquet), JSON Lines (.jsonl, .json, .ndjson) and CSV (.csv)" in line
+
+
 def test_unknown_job():
     line = one_line_error(run_pipeline("+job=translate"))
     assert "job/translate" in line and "summarize" in line

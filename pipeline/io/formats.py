@@ -21,6 +21,7 @@ import csv
 import io
 import itertools
 import json
+import posixpath
 import sys
 from typing import IO, Any, Iterator
 
@@ -35,10 +36,21 @@ CONVERT_ERRORS = (pa.ArrowException, ValueError, TypeError, OverflowError)
 csv.field_size_limit(min(sys.maxsize, 2**31 - 1))  # documents longer than csv's 128 KiB default
 
 
+READ = "Parquet (.parquet), JSON Lines (.jsonl, .json, .ndjson) and CSV (.csv)"  # what EXTENSIONS reads, in words
+
+
 def file_format(name: str) -> str | None:
     """``parquet``, ``jsonl`` or ``csv`` by the file's extension (any case), or None."""
     dot = name.rfind(".")
     return EXTENSIONS.get(name[dot:].lower()) if dot >= 0 else None
+
+
+def unread_extension(name: str) -> str | None:
+    """The extension of the file ``name`` (a path; its last component counts) when it has one
+    that is not read (``.txt``, ``.tsv``), else None: a readable one, or none at all (a file
+    without an extension is read as Parquet)."""
+    ext = posixpath.splitext(posixpath.basename(name))[1]
+    return ext if ext and ext.lower() not in EXTENSIONS else None
 
 
 def chunks(items: Iterator[Any], size: int) -> Iterator[list[Any]]:

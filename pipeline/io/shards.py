@@ -62,15 +62,29 @@ def _glob_root(path: str) -> str:
     return "/".join(parts[:static])
 
 
+class UnreadExtension(ValueError):
+    """An input file named with an extension the pipeline does not read (:func:`list_shards`)."""
+
+
+def _refuse_extension(input_url: str, paths: list[str]) -> None:
+    """Raise :class:`UnreadExtension` for ``paths``, files whose extensions are not read."""
+    exts = ", ".join(sorted({formats.unread_extension(p) or "" for p in paths}))
+    raise UnreadExtension(f"job.input: {input_url}: {exts} files are not read; the pipeline reads "
+                     f"{formats.READ} (convert the file, or rename it if it is one of these)")
+
+
 def list_shards(input_url: str) -> list[Shard]:
     """List the shards of ``input_url``: a directory (every ``*.parquet``, ``*.jsonl``,
     ``*.json``, ``*.ndjson`` and ``*.csv`` file below it, found by ``pyarrow.dataset``
     discovery, hidden ``.``/``_`` files skipped), a glob (names relative to the glob's fixed
-    leading directory), or one file (named by its base name; read by its extension, Parquet
-    when it has none of those). Sorted by path, so shard indices are stable between runs.
+    leading directory; matches with another extension are left out, as in a directory), or one
+    file (named by its base name; read by its extension, Parquet when it has none). Sorted by
+    path, so shard indices are stable between runs.
 
     Raises:
         FileNotFoundError: nothing exists at ``input_url`` or it holds no shard.
+        UnreadExtension: a file named (or every file a glob matches) has an extension that is not
+            read (``docs.txt``, ``docs.tsv``): it is not read as Parquet.
     """
     import pyarrow.dataset as ds
 
@@ -79,12 +93,17 @@ def list_shards(input_url: str) -> list[Shard]:
     if any(c in path for c in GLOB_CHARS):
         root = _glob_root(path)
         paths = [p for p in fs.glob(path) if fs.isfile(p)]
+        if paths and all(formats.unread_extension(p) for p in paths):
+            _refuse_extension(input_url, paths)
+        paths = [p for p in paths if not formats.unread_extension(p)]
     elif fs.isdir(path):
         root = path
         # An explicit (empty) schema: discovery only, no file is opened here.
         found = ds.dataset(path, filesystem=fs, format="parquet", schema=pa.schema([]))
         paths = [p for p in found.files if formats.file_format(p)]
     elif fs.isfile(path):
+        if formats.unread_extension(path):
+            _refuse_extension(input_url, [path])
         root, paths = posixpath.dirname(path), [path]
     else:
         raise FileNotFoundError(f"job.input: no such file or directory: {input_url}")

@@ -14,7 +14,8 @@ status 2 from ``python -m pipeline``) naming the setting:
   later), and no input column collides with an output column (``job.input_column_prefix``
   null: refused, naming the setting that keeps them; set: the prefixed names must be free).
   A shard whose footer cannot be parsed is not refused here: it fails on its own later, the
-  others run;
+  others run; but when no shard parses, nothing would run: refused. A file named with an
+  extension the pipeline does not read (``docs.txt``) is refused, not read as Parquet;
 - the model: ``model.path`` is a folder (a relative one is found from the launch directory and
   made absolute for the workers) or a hub id already in the local Hugging Face cache, never
   downloaded (:func:`pipeline.model.resolve.find_model`), and holds a ``config.json``, which
@@ -146,8 +147,8 @@ def preflight(cfg: Config, run_dir: Path | None = None) -> Plan:
     Raises:
         ConfigError: one line naming the setting: a bad template; a location whose URL scheme
             has no fsspec implementation here (names the package), that does not exist, cannot
-            be read or written, or where an output is or lies inside an input; no Parquet
-            shard in ``job.input``; a text column missing or not text in a shard; input
+            be read or written, or where an output is or lies inside an input; no shard in
+            ``job.input``, or none that parses, or a file named with an extension not read; a text column missing or not text in a shard; input
             columns named like output columns; a re-run into ``run.dir`` that changes settings
             its results depend on; a fixed ``transport.base_port`` whose ports are taken here;
             a KV cache, ``model.decode_kv_blocks`` or DRAM tier too small for one request of

@@ -69,8 +69,9 @@ def read_footers(shards: list[Shard]) -> tuple[list[pa.Schema | None], list[int 
     those are left to fail on their own when their owner reads them, and the others run.
 
     Raises:
-        ConfigError: ``job.input``: a shard cannot be opened (permission, vanished ...), or two
-            shards would write the same output shard (``a/b.jsonl`` and ``a/b.parquet``).
+        ConfigError: ``job.input``: a shard cannot be opened (permission, vanished ...), two
+            shards would write the same output shard (``a/b.jsonl`` and ``a/b.parquet``), or no
+            shard parses (a text file named ``docs.parquet``): there are no others to run.
     """
     if clashes := output_clashes(shards):
         first, other, name = clashes[0]
@@ -79,6 +80,10 @@ def read_footers(shards: list[Shard]) -> tuple[list[pa.Schema | None], list[int 
     with ThreadPoolExecutor(FOOTER_THREADS) as pool:
         found = list(pool.map(_footer, shards))
     unreadable = {s.name: why for s, (_, _, why) in zip(shards, found) if why is not None}
+    if shards and len(unreadable) == len(shards):
+        name, why = next(iter(unreadable.items()))
+        which = "its only shard" if len(shards) == 1 else f"{len(shards)} shards; the first"
+        raise ConfigError(f"job.input: no shard is readable, so nothing would run ({which}, {name}: {why})")
     return [f[0] for f in found], [f[1] for f in found], unreadable
 
 

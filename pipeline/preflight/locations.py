@@ -12,7 +12,7 @@ from fsspec.registry import known_implementations
 
 from pipeline.config import ConfigError
 from pipeline.io.atomic import url_to_fs
-from pipeline.io.shards import Shard, list_shards, output_url
+from pipeline.io.shards import Shard, UnreadExtension, list_shards, output_url
 
 
 def one_line(exc: BaseException) -> str:
@@ -66,11 +66,12 @@ def list_input(url: str, key: str = "job.input") -> list[Shard]:
     """The shards at ``url`` (:func:`pipeline.io.shards.list_shards`).
 
     Raises:
-        ConfigError: ``key``: nothing there, no Parquet file there, or it cannot be reached or listed.
+        ConfigError: ``key``: nothing there, no Parquet file there, a file named with an extension
+            that is not read (``docs.txt``), or it cannot be reached or listed.
     """
     try:
         return list_shards(url)
-    except FileNotFoundError as exc:
+    except (FileNotFoundError, UnreadExtension) as exc:
         message = one_line(exc)
         raise ConfigError(message if message.startswith(f"{key}:") else
                           f"{key}: {message.removeprefix('job.input: ')}") from None
