@@ -49,8 +49,31 @@ def inert_prompt_ids(tokenizer: Any, rendered: str, text: str, after: str) -> li
     return out + tokenizer(rendered[at:], add_special_tokens=False, split_special_tokens=True)["input_ids"]
 
 
-def main(out: str) -> None:
+def sample_rows(shard: Path, template: str, tokenizer: Any) -> list[dict]:
+    """``[{id, prompt_ids}]`` of one sample shard, read with pyarrow alone, each prompt the
+    tokenizer's own rendering of ``template`` filled with the row's text."""
     import pyarrow.parquet as pq
+
+    table = pq.read_table(shard, columns=["id", "text"])
+    return [{"id": rid, "prompt_ids": chat_prompt_ids(tokenizer, template.replace("{text}", text))}
+            for rid, text in zip(table.column("id").to_pylist(), table.column("text").to_pylist())]
+
+
+def hf_greedy(model: Any, prompts: list[list[int]], max_new_tokens: int) -> list[list[int]]:
+    """Hugging Face transformers' own greedy ``generate`` (a loaded ``AutoModelForCausalLM``),
+    one prompt at a time (no padding): the new tokens of each, stopping at EOS as vLLM does."""
+    import torch
+
+    out = []
+    for ids in prompts:
+        x = torch.tensor([ids])
+        with torch.no_grad():
+            y = model.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=max_new_tokens, do_sample=False)
+        out.append(y[0, len(ids):].tolist())
+    return out
+
+
+def main(out: str) -> None:
     import yaml
 
     job = yaml.safe_load((ROOT / "conf" / "job" / "summarize.yaml").read_text())
@@ -66,12 +89,7 @@ def main(out: str) -> None:
     from vllm import LLM, SamplingParams, TokensPrompt
 
     tokenizer = AutoTokenizer.from_pretrained(path)
-    rows = {}
-    for shard in sorted(SAMPLE.glob("*.parquet")):
-        table = pq.read_table(shard, columns=["id", "text"])
-        rows[shard.name] = []
-        for rid, text in zip(table.column("id").to_pylist(), table.column("text").to_pylist()):
-            rows[shard.name].append({"id": rid, "prompt_ids": chat_prompt_ids(tokenizer, template.replace("{text}", text))})
+    rows = {shard.name: sample_rows(shard, template, tokenizer) for shard in sorted(SAMPLE.glob("*.parquet"))}
     llm = LLM(model=path, dtype="float32", max_model_len=4096, enforce_eager=True, gpu_memory_utilization=0.3)
     flat = [r for shard in rows.values() for r in shard]
     outputs = llm.generate([TokensPrompt(prompt_token_ids=r["prompt_ids"]) for r in flat],
