@@ -8,6 +8,7 @@ from contextlib import contextmanager
 from typing import Any, Callable, Iterator
 
 from pipeline.config.errors import ConfigError, one_line
+from pipeline.config.overrides import check_job_added
 from pipeline.config.schema import register
 from pipeline.config.searchpath import search_path, split_searchpath
 
@@ -62,12 +63,13 @@ def groups(overrides: list[str] | tuple[str, ...] = ()) -> dict[str, tuple[list[
     ``+job=NAME``). ``job`` first, then the order of ``conf/config.yaml``'s defaults list.
 
     Raises:
-        ConfigError: an override that names no option of its group, or a missing user config
-            directory (one line).
+        ConfigError: an override that names no option of its group, ``job=NAME`` (for
+            ``+job=NAME``), or a missing user config directory (one line).
     """
     from hydra.core.object_type import ObjectType
     from hydra.types import RunMode
 
+    check_job_added(overrides)
     dirs, overrides = split_searchpath(overrides)
     with hydra_app(dirs) as app:
         loader = app.config_loader

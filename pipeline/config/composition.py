@@ -10,7 +10,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from pipeline.config.app import hydra_app
 from pipeline.config.errors import ConfigError, one_line
-from pipeline.config.overrides import has_job, parse_overrides
+from pipeline.config.overrides import check_job_added, explain, has_job, parse_overrides
 from pipeline.config.schema import Config, register
 from pipeline.config.searchpath import split_searchpath
 
@@ -49,12 +49,15 @@ def compose(overrides: list[str] | tuple[str, ...] = ()) -> Config:
     Raises:
         ConfigError: an unknown group option, unknown key (``key=value`` and ``+key=value``
             alike), wrong type or out-of-range value, a missing user config directory; the
-            message is one line and names the key.
+            message is one line and names the key, and says what to write instead where it can
+            (:func:`pipeline.config.overrides.explain`: the nearest keys, how to quote a value;
+            ``job=NAME``: ``+job=NAME``).
     """
     from hydra.types import RunMode
     from omegaconf import open_dict
 
     overrides = list(overrides)
+    check_job_added(overrides)
     if not has_job(overrides):
         raise ConfigError("no job selected: add +job=NAME (for example +job=summarize)")
     dirs, overrides = split_searchpath(overrides)
@@ -70,12 +73,12 @@ def compose(overrides: list[str] | tuple[str, ...] = ()) -> Config:
                 del cfg["hydra"]
         unknown = _unknown_key(cfg)
         if unknown:
-            raise ConfigError(unknown)
+            raise ConfigError(explain(unknown, overrides, Config))
         obj = OmegaConf.to_object(cfg)
     except ConfigError:
         raise
     except Exception as exc:  # hydra/omegaconf raise many types; all are config errors here
-        raise ConfigError(one_line(exc)) from exc
+        raise ConfigError(explain(one_line(exc), overrides, Config)) from exc
     assert isinstance(obj, Config)
     return obj
 

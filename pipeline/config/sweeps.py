@@ -6,7 +6,7 @@ import itertools
 from typing import Any
 
 from pipeline.config.errors import ConfigError
-from pipeline.config.overrides import parse_overrides
+from pipeline.config.overrides import check_job_added, parse_overrides
 from pipeline.config.schema import register
 from pipeline.config.searchpath import search_path, split_searchpath
 
@@ -31,12 +31,13 @@ def sweep_points(overrides: list[str] | tuple[str, ...]) -> list[tuple[list[str]
     options.
 
     Raises:
-        ConfigError: an override that does not parse, an interval sweep (no points to run), a
+        ConfigError: an override that does not parse, ``job=NAME`` (for ``+job=NAME``), an interval sweep (no points to run), a
             sweep with no point at all, or a missing user config directory.
     """
     from hydra.core.override_parser.types import ValueType
 
     axes: list[list[tuple[str, bool]]] = []
+    check_job_added(overrides)
     dirs, _ = split_searchpath(overrides)
     for o in parse_overrides(overrides, _loader(dirs)):
         if not o.is_sweep_override():
