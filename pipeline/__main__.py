@@ -40,7 +40,8 @@ key=value     set a value: job.sampling.temperature=0.7 model.path=DIR_OR_HUB_ID
 group=option  pick a config group's option: pools=colocated cluster=slurm
 +key=value    add a key (+job=NAME; a key the typed schema lacks is refused: +model.bogus=1)
 ~key          delete a key (~key=value: only when it holds that value)
-Quote a value with spaces or commas: 'job.prompt_template=Summarize: {text}'.
+Quote a value with spaces, braces, colons or commas for the shell and, inside, for Hydra:
+'job.prompt_template="Summarize: {text}"' (braces, colons and commas are Hydra's own syntax)
 Sweeps, with -m: key=a,b  key=range(0,10,2)  key=choice(a,b)  group=glob(*)  -- one run per point
 of the product, in its own run directory RUN_ROOT/<job>/<timestamp>/<n> (<run.dir>/<n> when
 run.dir is set), one after another locally; on Slurm each point submits its jobs and goes on."""
@@ -252,6 +253,20 @@ def _interrupt(signum, frame) -> None:
     raise KeyboardInterrupt
 
 
+def _not_a_command(word: str) -> ConfigError:
+    """The error for a first argument that is neither a command nor an override (``stauts``):
+    the commands, the nearest, and ``+job=NAME`` when it names a job."""
+    import difflib
+
+    from pipeline.config import CONF_DIR
+
+    jobs = sorted(p.stem for p in (CONF_DIR / "job").glob("*.yaml"))
+    near = difflib.get_close_matches(word, list(COMMANDS), n=1, cutoff=0.6)
+    hint = (f"did you mean +job={word}? " if word in jobs else f"did you mean {near[0]}? " if near else "")
+    return ConfigError(f"{word}: not a command ({', '.join(COMMANDS)}) nor an override (key=value); {hint}"
+                       f"a run is pd-pipeline +job=NAME [key=value ...] (see --help)")
+
+
 def _command(name: str, argv: list[str]) -> int:
     """Run the package command ``name`` (a key of :data:`COMMANDS`) with ``argv``; its exit
     status (its ``--help`` exits 0)."""
@@ -262,7 +277,8 @@ def _command(name: str, argv: list[str]) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     """``pd-pipeline`` / ``python -m pipeline``: a first argument in :data:`COMMANDS` runs that
-    command with the rest; anything else is the Hydra application. Exit status: 0 done (or a dry
+    command with the rest; another word that is not an override (no ``=``) is refused, naming
+    the commands; anything else is the Hydra application. Exit status: 0 done (or a dry
     run checked, or help/config/info printed), 1 a worker or shard failed, 2 bad configuration or
     input (one line ``error: ...``), 130 interrupted."""
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -272,6 +288,8 @@ def main(argv: list[str] | None = None) -> int:
     # workers; otherwise they would outlive the launcher.
     signal.signal(signal.SIGTERM, _interrupt)
     try:
+        if argv and "=" not in argv[0] and not argv[0].startswith(("-", "+", "~")):
+            raise _not_a_command(argv[0])  # an override has "=" (or is ~key): a misspelt command
         args = _parse(argv)
         dirs, plain = split_searchpath(args.overrides)
         if args.help:
