@@ -90,3 +90,66 @@ def test_rerun_of_finished_job_does_nothing_and_a_changed_config_is_refused(tmp_
     assert "nothing to do" in p.stdout and not list((tmp_path / "run" / "logs").iterdir())
     line = one_line_error(run_pipeline(*args, "job.sampling.max_new_tokens=5"))
     assert "job.sampling.max_new_tokens" in line
+
+
+# Errors that say what to do (issue #41): each is one line, exit 2, and names what to write.
+
+def test_job_without_plus_says_to_add_it():
+    for args in (["job=summarize"], ["job=summarize", "--help"], ["-m", "job=summarize"]):
+        line = one_line_error(run_pipeline(*args))
+        assert "job=summarize: the config has no job to override; add one with +job=summarize" in line, line
+
+
+@pytest.mark.parametrize("args", [
+    ["job.prompt_template=Summarize:", "{text}"],  # what the shell passes for job.prompt_template=Summarize: {text}
+    ["job.prompt_template=Summarize: {text}"],  # quoted for the shell only: Hydra reads the braces
+])
+def test_unquoted_template_with_braces_says_how_to_quote_it(args):
+    line = one_line_error(run_pipeline("+job=summarize", *args, "--dry-run"))
+    assert "quote it for the shell, and for Hydra inside" in line or "quote the value for Hydra" in line, line
+    assert line.endswith("""'job.prompt_template="Summarize: {text}"'"""), line
+
+
+def test_template_that_hydra_reads_as_a_dict_says_how_to_quote_it():
+    line = one_line_error(run_pipeline("+job=summarize", "job.prompt_template={a: 1}", "--dry-run"))
+    assert "job.prompt_template: Cannot convert 'dict' to string" in line
+    assert line.endswith("""'job.prompt_template="{a: 1}"'"""), line
+
+
+def test_the_quoting_example_of_help_runs_as_written():
+    """``--help``'s example of a quoted template, split as a shell splits it, composes."""
+    import shlex
+
+    p = run_pipeline("--help")
+    example = next(ln for ln in p.stdout.splitlines() if "job.prompt_template=" in ln).split(" (")[0]
+    (arg,) = shlex.split(example)
+    p = run_pipeline("+job=summarize", arg, "--cfg", "job", "--package", "job.prompt_template")
+    assert p.returncode == 0 and p.stdout.strip() == "Summarize: {text}", (example, p.stdout, p.stderr)
+
+
+@pytest.mark.parametrize("override, hint", [
+    ("pools.prefil=2", "did you mean pools.prefill"),
+    ("job.sampling.max_tokens=32", "did you mean job.sampling.max_new_tokens? (max_tokens is vLLM's name)"),
+    ("+job.sampling.max_tokens=32", "did you mean job.sampling.max_new_tokens?"),
+    ("model.tensor_parallel_size=2", "did you mean model.prefill_tp and model.decode_tp?"),
+    ("job.sampling.temprature=0.5", "did you mean job.sampling.temperature"),
+    ("job.max_model_len=64", "did you mean model.max_model_len?"),
+])
+def test_misspelt_key_names_the_nearest(override, hint):
+    line = one_line_error(run_pipeline("+job=summarize", override, "--dry-run"))
+    assert f"{override.lstrip('+').split('=')[0]}: Key" in line and hint in line, line
+
+
+def test_unknown_command_is_named_as_one_with_the_list(tmp_path):
+    """``pd-pipeline stauts DIR`` (the console script beside this Python) and ``python -m pipeline``."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(sys.executable).with_name("pd-pipeline")
+    for p in (subprocess.run([str(script), "stauts", str(tmp_path)], capture_output=True, text=True, timeout=120),
+              run_pipeline("stauts", str(tmp_path))):
+        line = one_line_error(p)
+        assert line.startswith("error: stauts: not a command (status, plan, report, prepare-model")
+        assert "did you mean status?" in line
+    assert "did you mean +job=summarize?" in one_line_error(run_pipeline("summarize"))
