@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import sys
@@ -13,7 +14,8 @@ from pipeline.config import Config
 from pipeline.io.atomic import write_json
 from pipeline.io.units import plan_units
 from pipeline.preflight import Plan, preflight
-from pipeline.report.text import stalls_text
+from pipeline.report.text import kv_text, stalls_text
+from pipeline.roles.recompute import add_counts
 from pipeline.runtime.rundir import RunDir
 from pipeline.launch.watch import Jobs, watch
 
@@ -36,6 +38,8 @@ class Summary:
     # may have been requeued later): its rows in flight were served again by the other ranks
     lost_decode: dict[int, str] = field(default_factory=dict)
     report: dict | None = None  # pipeline.report's summary (report.json), when it was written
+    # did the KV move: pipeline.roles.recompute.kv_counts over the output rows (summed done markers)
+    decode_kv: dict | None = None
 
     @property
     def output_tokens_per_s(self) -> float:
@@ -49,6 +53,7 @@ class Summary:
                 f"output: {self.output} ({self.shards_done}/{self.shards} shards)\n"
                 f"run dir: {self.run_dir}"
                 + (f"\nreport: {self.report['report_dir']} | {_latency_line(self.report)}" if self.report else "")
+                + (f"\n{kv_text(self.decode_kv)}" if kv_text(self.decode_kv) else "")
                 + "".join(f"\nfailed shard {name}: {why}" for name, why in self.failed.items())
                 + "".join(f"\ndecode rank {rank} ({worker}) was lost during the run; the other decode ranks "
                           f"served its rows" for rank, worker in self.lost_decode.items()))
@@ -286,6 +291,7 @@ def summarize(run: RunDir, output: str, n_shards: int, wall_s: float, final: boo
         output_tokens=sum(d["output_tokens"] for d in done.values()),
         wall_s=wall_s, failed={name: f["error"] for name, f in run.failed().items()},
         lost_decode=run.lost_decode() if final else {},
+        decode_kv=functools.reduce(add_counts, (d.get("decode_kv") for d in done.values()), add_counts(None, None)),
     )
     if final:
         write_json(run.path / "summary.json", {**asdict(summary), "output_tokens_per_s": summary.output_tokens_per_s})

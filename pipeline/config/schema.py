@@ -186,7 +186,10 @@ class TransportConfig:
     acknowledge a hand-off within that many seconds is unreachable from this prefill worker (a
     link cut or dropping packets; its heartbeat, which goes through the run directory, goes on):
     the row goes to another decode worker, and the unreachable one gets rows again once it
-    answers a probe (:class:`pipeline.roles.router.DecodeRouter`)."""
+    answers a probe (:class:`pipeline.roles.router.DecodeRouter`). ``on_recompute``: what a row
+    becomes whose decode worker computed more than its last prompt token itself, its KV not
+    having arrived (:mod:`pipeline.roles.recompute`): ``warn`` serves it (counted; the run's
+    summary says so), ``fail`` makes it an error row."""
 
     name: str = MISSING
     connector: str = "NixlConnector"  # NixlConnector (decode READs) or NixlPushConnector (prefill WRITEs)
@@ -204,6 +207,7 @@ class TransportConfig:
     handoff_retries: int = 2  # times a row is prefilled and handed off again after a lost decode
     kv_timeout_s: float = 120.0  # a decode worker gives up on KV that has not arrived after this long
     decode_dead_after_s: float = 30.0  # a decode worker silent this long (no heartbeat) is dead
+    on_recompute: str = "warn"  # decode computed a handed-off row's prompt (its KV did not arrive): warn or fail (an error row)
 
     def __post_init__(self) -> None:
         _check(self.connector in CONNECTORS, "transport.connector", f"must be one of {sorted(CONNECTORS)}, got {self.connector!r}")
@@ -213,6 +217,8 @@ class TransportConfig:
         _check(self.nixl_progress_delay_us >= 0, "transport.nixl_progress_delay_us", f"must be >= 0, got {self.nixl_progress_delay_us}")
         _check(self.prefill_idle_pause_ms >= 0, "transport.prefill_idle_pause_ms", f"must be >= 0, got {self.prefill_idle_pause_ms}")
         _check(0 <= self.base_port < 65000, "transport.base_port", f"must be in [0, 65000), got {self.base_port}")
+        _check(self.on_recompute in ("warn", "fail"), "transport.on_recompute",
+               f"must be warn or fail, got {self.on_recompute!r}")
 
 
 @dataclass

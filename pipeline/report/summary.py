@@ -12,6 +12,7 @@ import numpy as np
 from pipeline.io.metrics import busy_seconds
 from pipeline.report.check import check_against_output
 from pipeline.report.load import load_run
+from pipeline.roles.recompute import kv_counts
 
 STALL_S = 0.060
 """Default stall threshold: an ITL gap longer than this (seconds) is a stall."""
@@ -150,6 +151,13 @@ def summarize_run(run_path: str | Path, stall_s: float = STALL_S) -> dict[str, A
       ``itl_zero_gaps`` (gaps of exactly 0 s: tokens that arrived together);
     - ``kv_handoff_{p50,p99}_s``, ``queue_wait_{p50,p99}_s``, ``prefill_{p50,p99}_s``;
     - ``kv_total_bytes`` (sum of kv_bytes), ``kv_tokens``;
+    - ``decode_kv``: whether the KV moved (:func:`pipeline.roles.recompute.kv_counts`, a request
+      handed off with its KV when its ``prefill_end`` is not null): ``rows`` handed off with
+      their KV, ``kv_loaded_rows`` (decode computed at most their last prompt token),
+      ``recomputed_rows`` (decode recomputed the prompt: the KV did not arrive),
+      ``prompt_tokens``, ``computed_tokens`` and ``recomputed_tokens`` (prompt tokens decode
+      computed, over all and over recomputed rows), ``local_rows`` / ``local_tokens`` (prefilled
+      on decode on purpose, ``pools.local_prefill_tokens``);
     - ``stalls`` (ITL gaps > stall_threshold_s), ``requests_with_stalls``;
     - ``prefix_cached_tokens``, ``prefix_cache_hit_rate`` = prefix_cached_tokens / prompt_tokens;
     - ``workers``: :func:`worker_stats` per worker id; ``busy_fraction`` (worker id -> fraction),
@@ -236,6 +244,8 @@ def summarize(run: Path, cols: dict[str, list], workers: Any, run_summary: dict 
     out.update({
         "kv_total_bytes": _sum_int(cols, "kv_bytes"),
         "kv_tokens": _sum_int(cols, "kv_tokens"),
+        "decode_kv": kv_counts(zip(cols["decode_worker"], cols["error"], cols["prompt_tokens"], cols["kv_tokens"],
+                                   (v is not None for v in cols["prefill_end"]))),
         "stalls": int(sum(stall_counts)),
         "requests_with_stalls": int(sum(1 for c in stall_counts if c)),
         # The run's median ITL above the threshold: most steps are "stalls", the count says

@@ -26,6 +26,27 @@ def stalls_text(report: dict[str, Any], setting: str = "--stall-ms") -> str:
     return f"stalls (> {threshold}) {report['stalls']} in {report['requests_with_stalls']} requests"
 
 
+def kv_text(counts: dict[str, int] | None) -> str | None:
+    """Whether the KV moved, in one line, from a run's
+    :func:`pipeline.roles.recompute.kv_counts` (``decode_kv`` in ``report.json`` and
+    ``summary.json``): rows whose KV decode loaded, prompt tokens decode computed, and a warning
+    when decode recomputed any row's prompt (its KV did not arrive). None when no row went
+    through a decode worker (a colocated run, or counts not recorded)."""
+    if not counts or not (counts.get("rows") or counts.get("local_rows")):
+        return None
+    rows = counts["rows"]
+    text = (f"KV: decode loaded the KV of {counts['kv_loaded_rows']} of {rows} rows handed off, and computed "
+            f"{counts['computed_tokens']} of their {counts['prompt_tokens']} prompt tokens (the last one of each "
+            f"is normal)")
+    if counts.get("local_rows"):
+        text += (f" | {counts['local_rows']} rows prefilled on decode on purpose "
+                 f"(pools.local_prefill_tokens): {counts['local_tokens']} prompt tokens")
+    if counts.get("recomputed_rows"):
+        text += (f" | warning: decode recomputed the prompt of {counts['recomputed_rows']} of {rows} rows "
+                 f"({counts['recomputed_tokens']} prompt tokens): their KV did not arrive (transport.on_recompute)")
+    return text
+
+
 def summary_text(report: dict[str, Any], setting: str = "--stall-ms") -> str:
     """A few lines of text with the headline numbers of a report (``setting``: the stall
     threshold's setting, see :func:`stalls_text`)."""
@@ -46,6 +67,9 @@ def summary_text(report: dict[str, Any], setting: str = "--stall-ms") -> str:
         f"p99 {ms(report['kv_handoff_p99_s'])} | KV {report['kv_total_bytes'] / 2**20:.1f} MiB | "
         f"prefix cache hit {'-' if hit is None else f'{hit:.1%}'}",
     ]
+    kv = kv_text(report.get("decode_kv"))
+    if kv:
+        lines.append(kv)
     for name, w in report["workers"].items():
         busy = w["busy_fraction"]
         kv = w["max_kv_cache_usage"]

@@ -24,6 +24,7 @@ from pipeline.engine.steps import StepRecorder
 from pipeline.engine.stream import FirstTokenTimeout, RequestFailed, Streamed, stream_row, stream_samples
 from pipeline.io.metrics import write_dram_use
 from pipeline.roles.errors import is_worker_failure
+from pipeline.roles.recompute import NORMAL_COMPUTED, computed_on_decode, recompute_error
 from pipeline.runtime import failpoints
 from pipeline.runtime.addresses import worker_host
 from pipeline.runtime.ids import worker_id
@@ -80,7 +81,7 @@ class DecodeServer:
 
     def __init__(self, run: RunDir, cfg: Config, rank: int, worker: str, engine, host: str):
         self.run, self.cfg, self.rank, self.worker, self.engine = run, cfg, rank, worker, engine
-        self.kv_faults = failpoints.kv_faults()  # fault injection (tests only)
+        self.kv_faults, self.kv_skips = failpoints.kv_faults(), failpoints.kv_skips()  # fault injection (tests only)
         self.ctx = zmq.asyncio.Context()
         self.sock = self.ctx.socket(zmq.ROUTER)
         self.sock.setsockopt(zmq.LINGER, 1000)
@@ -260,7 +261,10 @@ class DecodeServer:
         :func:`pipeline.runtime.failpoints.kv_faults`) breaks the first hand-offs' transfer for
         real: with push the request is registered under an id the prefill engine does not know
         (its KV never arrives, the request times out); with pull it names a prefill engine that
-        does not exist (vLLM's NIXL handshake fails and the load fails)."""
+        does not exist (vLLM's NIXL handshake fails and the load fails). The next hand-offs
+        (:func:`pipeline.runtime.failpoints.kv_skips`) are served without their KV: without
+        ``do_remote_prefill`` vLLM loads nothing and computes the prompt itself, as when the KV
+        silently does not arrive."""
         rid = h.request_id
         kv_params = {k: v for k, v in h.kv_transfer_params.items() if k != "remote_prefill_cached_tokens"}
         if self.kv_faults > 0:
@@ -269,7 +273,23 @@ class DecodeServer:
                 rid += "stalled"
             else:
                 kv_params["remote_engine_id"] = f"{kv_params['remote_engine_id']}-injected-fault"
+        elif self.kv_skips > 0:
+            self.kv_skips -= 1
+            kv_params["do_remote_prefill"] = False
         return rid, kv_params
+
+    def _recomputed(self, h: Handoff, kv_tokens: int) -> str | None:
+        """Warn when this worker computed more of ``h``'s prompt than its last token, ``kv_tokens``
+        of it having arrived as KV (:mod:`pipeline.roles.recompute`); returns the row's error
+        under ``transport.on_recompute=fail``, else None."""
+        prompt = len(h.prompt_token_ids)
+        computed = computed_on_decode(prompt, kv_tokens)
+        if computed <= NORMAL_COMPUTED:
+            return None
+        log.warning("request %s: this decode worker recomputed %d of its %d prompt tokens, no KV having been "
+                    "loaded for them (transport.on_recompute=%s)", h.request_id, computed, prompt,
+                    self.cfg.transport.on_recompute)
+        return recompute_error(prompt, kv_tokens, self.cfg.transport.on_recompute)
 
     async def _local(self, h: Handoff) -> Streamed:
         """A row handed off without KV (a prompt under ``pools.local_prefill_tokens``): this
@@ -296,6 +316,9 @@ class DecodeServer:
                             others=[Sample(token_ids=o.token_ids, text=o.text, finish_reason=o.finish_reason,
                                            stop_reason=o.stop_reason, logprobs=o.logprobs,
                                            cumulative_logprob=o.cumulative_logprob) for o in s.others])
+            recomputed = None if local else self._recomputed(h, s.num_cached_tokens)
+            if recomputed:  # transport.on_recompute=fail: an error row (not served again) with the KV that arrived
+                result = Result(**{**failed, "kv_tokens": s.num_cached_tokens}, error=recomputed)
         except (FirstTokenTimeout, RequestFailed) as exc:
             if local:  # nothing was to arrive: the request itself failed
                 result = Result(**failed, error=f"decode failed: {exc}")

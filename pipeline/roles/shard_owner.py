@@ -8,6 +8,7 @@ only writer of its output; a split shard's output is assembled from its parts by
 from __future__ import annotations
 
 import asyncio
+import functools
 import shutil
 import time
 from typing import Any, AsyncIterator, Awaitable, Callable
@@ -30,6 +31,7 @@ from pipeline.io.units import Unit, assemble, part_done, part_file, parts_done
 from pipeline.io.shards import (Shard, batch_output_url, duplicate_id_rows, iter_batches, output_url, shard_schema,
                                  text_values)
 from pipeline.roles.errors import is_worker_failure
+from pipeline.roles.recompute import add_counts, kv_counts
 from pipeline.runtime.ids import row_key
 from pipeline.runtime.rundir import RunDir
 
@@ -100,7 +102,9 @@ class ShardOwner:
                                         samples=self.samples)
         self.resumed: dict[int, RowResult] = {}
         self.row_tasks: set[asyncio.Task] = set()
-        self.totals = {"rows": 0, "errors": 0, "prompt_tokens": 0, "output_tokens": 0, "kv_bytes": 0}
+        # decode_kv: did the KV move (pipeline.roles.recompute.kv_counts), summed by the run's summary
+        self.totals = {"rows": 0, "errors": 0, "prompt_tokens": 0, "output_tokens": 0, "kv_bytes": 0,
+                       "decode_kv": add_counts(None, None)}
 
     async def own(self) -> None:
         """Serve and write the shard, then mark it done (or failed, if it cannot be read or
@@ -307,6 +311,8 @@ class ShardOwner:
         t["prompt_tokens"] += sum(r.prompt_tokens or 0 for r in results)
         t["output_tokens"] += sum(r.output_tokens for r in results)
         t["kv_bytes"] += sum(r.kv_bytes for r in results)
+        t["decode_kv"] = add_counts(t["decode_kv"], kv_counts(
+            (r.decode_worker, r.error, r.prompt_tokens, r.kv_tokens, r.kv_handoff_s is not None) for r in results))
 
 
 def finish_split(run: RunDir, shard: Shard, parts: int, tokenizer: Any, worker: str,
@@ -325,6 +331,7 @@ def finish_split(run: RunDir, shard: Shard, parts: int, tokenizer: Any, worker: 
     summed = {k: sum(t[k] for t in totals) for k in ("rows", "errors", "prompt_tokens", "output_tokens", "kv_bytes",
                                                       "resumed_rows")}
     run.mark_done(shard, {"shard": shard.name, **summed, "worker": worker,
+                          "decode_kv": functools.reduce(add_counts, (t.get("decode_kv") for t in totals), None),
                           "parts": [{k: t[k] for k in ("worker", "rows", "started_at", "finished_at")} for t in totals],
                           "started_at": min(t["started_at"] for t in totals), "finished_at": time.time()})
     shutil.rmtree(folder, ignore_errors=True)

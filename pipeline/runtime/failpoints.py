@@ -9,6 +9,9 @@ every fault a test can inject is in this one module (and in docs/development.md,
   ``transport.connect_timeout_s``);
 - :data:`KV_FAULTS` (:func:`kv_faults`): a decode worker breaks the KV transfer of the first N
   hand-offs it takes over NIXL, for real (``pipeline.roles.decode.DecodeServer._nixl_params``);
+- :data:`KV_SKIPS` (:func:`kv_skips`): a decode worker serves the next N hand-offs it takes over
+  NIXL (after those :data:`KV_FAULTS` breaks) without loading their KV, so vLLM computes their
+  prompts on decode: KV that silently did not arrive (:mod:`pipeline.roles.recompute`);
 - :data:`PREFILL_FREEZE_S` (:func:`prefill_freeze_s`, :func:`freeze_children`): after its second
   prefill a prefill worker stops its engine's processes for this many seconds (SIGSTOP, then
   SIGCONT), as on a hung node.
@@ -25,12 +28,14 @@ import signal
 
 DECODE_START_DELAY_S = "PD_PIPELINE_INJECT_DECODE_START_DELAY_S"
 KV_FAULTS = "PD_PIPELINE_INJECT_KV_FAULTS"
+KV_SKIPS = "PD_PIPELINE_INJECT_KV_SKIPS"
 PREFILL_FREEZE_S = "PD_PIPELINE_INJECT_PREFILL_FREEZE_S"
 
 #: Every failpoint's environment variable -> what setting it does.
 FAILPOINTS = {
     DECODE_START_DELAY_S: "seconds a decode worker sleeps before it starts its engine",
     KV_FAULTS: "the first N hand-offs a decode worker takes over NIXL never get their KV",
+    KV_SKIPS: "the next N hand-offs a decode worker takes over NIXL are served without loading their KV",
     PREFILL_FREEZE_S: "seconds a prefill worker's engine processes stop after its second prefill",
 }
 
@@ -71,6 +76,16 @@ def kv_faults() -> int:
         ValueError: the variable is set to something other than a non-negative integer.
     """
     return int(_number(KV_FAULTS, int))
+
+
+def kv_skips() -> int:
+    """How many hand-offs over NIXL a decode worker serves without loading their KV, after
+    those :func:`kv_faults` breaks (:data:`KV_SKIPS`; 0 unless set).
+
+    Raises:
+        ValueError: the variable is set to something other than a non-negative integer.
+    """
+    return int(_number(KV_SKIPS, int))
 
 
 def prefill_freeze_s() -> float:
