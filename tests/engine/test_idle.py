@@ -109,8 +109,12 @@ def test_a_parked_worker_sleeps_until_notified():
     from pipeline.engine.idle import park_between_steps, set_parked
 
     ctx = zmq.Context()
+    # The writer binds the notification address first, as in vLLM: a reader connected to an
+    # inproc address nobody bound made the context's teardown abort the whole test process now
+    # and then (libzmq asserts on the pending connection).
+    writer = shm_broadcast.SpinCondition(False, ctx, "inproc://pd-test-park")
+    reader = shm_broadcast.SpinCondition(True, ctx, "inproc://pd-test-park")
     try:
-        reader = shm_broadcast.SpinCondition(True, ctx, "inproc://pd-test-park")
         reader.record_read()
         t0 = time.monotonic()
         reader.wait(timeout_ms=200)
@@ -128,4 +132,7 @@ def test_a_parked_worker_sleeps_until_notified():
         assert time.monotonic() - t0 >= 0.15 and reader.busy_loop_s == 1.0  # parked, vLLM's setting kept
     finally:
         set_parked(False)
-        ctx.destroy(linger=0)
+        for sock in (reader.local_notify_socket, reader.read_cancel_socket, reader.write_cancel_socket,
+                     writer.local_notify_socket):
+            sock.close(linger=0)
+        ctx.term()
