@@ -46,6 +46,12 @@ def test_a_file_with_an_extension_not_read_is_refused_not_read_as_parquet(tmp_pa
     ext = name[name.index("."):]
     assert f"job.input: {tmp_path / name}: {ext} files are not read" in line
     assert "Parquet (.parquet), JSON Lines (.jsonl, .json, .ndjson) and CSV (.csv)" in line
+    # A glob that matches only such files says the same; a folder skips them (no shard there).
+    line = one_line_error(run_pipeline("+job=summarize", f"job.input={tmp_path / '*'}", f"run.root={tmp_path / 'r'}",
+                                       "--dry-run"))
+    assert f"{ext} files are not read" in line
+    assert "no .parquet shards" in one_line_error(run_pipeline("+job=summarize", f"job.input={tmp_path}",
+                                                               f"run.root={tmp_path / 'r'}", "--dry-run"))
 
 
 def test_unknown_job():
