@@ -36,8 +36,8 @@ def kv_text(counts: dict[str, int] | None) -> str | None:
         return None
     rows = counts["rows"]
     text = (f"KV: decode loaded the KV of {counts['kv_loaded_rows']} of {rows} rows handed off, and computed "
-            f"{counts['computed_tokens']} of their {counts['prompt_tokens']} prompt tokens (the last one of each "
-            f"is normal)")
+            f"{counts['computed_tokens']} of their {counts['prompt_tokens']} prompt tokens (at most 1 a "
+            f"row when its KV arrived)")
     if counts.get("local_rows"):
         text += (f" | {counts['local_rows']} rows prefilled on decode on purpose "
                  f"(pools.local_prefill_tokens): {counts['local_tokens']} prompt tokens")

@@ -5,9 +5,9 @@ A row handed off with its KV (prefill on a prefill worker, hand-off over NIXL or
 reaches its decode worker with ``prompt_tokens`` tokens of prompt, of which ``kv_tokens``
 arrived as KV (vLLM's ``num_cached_tokens`` on decode; local prefix-cache hits count too: they
 were not computed either). The decode worker computes the rest: ``prompt_tokens - kv_tokens``.
-vLLM's connectors (pull, push and the DRAM tier's) leave the last prompt token to decode, whose
-logits give the first output token, so 1 is normal (:data:`NORMAL_COMPUTED`); more means the KV
-did not arrive and decode recomputed the prompt, a request that succeeds all the same (the
+vLLM's pull connector and the DRAM tier's leave the last prompt token to decode, whose logits
+give the first output token (1 computed; push reports the whole prompt received: 0), so at most
+1 is normal (:data:`NORMAL_COMPUTED`); more means the KV did not arrive and decode recomputed the prompt, a request that succeeds all the same (the
 failure public reports of P/D stacks share: kserve #5987, vLLM #26896, LMCache #1547).
 ``transport.on_recompute`` decides whether such a row is served (``warn``) or an error row
 (``fail``, :func:`recompute_error`).
@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from typing import Any, Iterable
 
-#: Prompt tokens a decode worker computes itself for a row whose KV arrived whole: the last one.
+#: Prompt tokens a decode worker computes at most for a row whose KV arrived whole: the last one.
 NORMAL_COMPUTED = 1
 
 #: How the error of a row failed by ``transport.on_recompute=fail`` starts.

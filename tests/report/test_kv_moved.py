@@ -34,8 +34,8 @@ COUNTS = {"rows": 6,  # 3 + 0:4 + 0:5 + 0:7
           "computed_tokens": 0 + 1 + 100 + 30,  # 131
           "recomputed_tokens": 100 + 30,  # 130
           "local_rows": 1, "local_tokens": 40}
-LINE = ("KV: decode loaded the KV of 4 of 6 rows handed off, and computed 131 of their 550 prompt tokens (the "
-        "last one of each is normal) | 1 rows prefilled on decode on purpose (pools.local_prefill_tokens): 40 "
+LINE = ("KV: decode loaded the KV of 4 of 6 rows handed off, and computed 131 of their 550 prompt tokens (at "
+        "most 1 a row when its KV arrived) | 1 rows prefilled on decode on purpose (pools.local_prefill_tokens): 40 "
         "prompt tokens | warning: decode recomputed the prompt of 2 of 6 rows (130 prompt tokens): their KV did "
         "not arrive (transport.on_recompute)")
 
@@ -49,8 +49,8 @@ def test_report_counts_what_decode_computed(tmp_path):
 def test_a_run_whose_kv_moved_says_so_without_a_warning(tmp_path):
     rep = summarize_run(make_run(tmp_path, REQUESTS))
     assert rep["decode_kv"] == {**dict.fromkeys(COUNTS, 0), "rows": 3, "kv_loaded_rows": 3, "prompt_tokens": 300}
-    assert ("KV: decode loaded the KV of 3 of 3 rows handed off, and computed 0 of their 300 prompt tokens (the "
-            "last one of each is normal)") in summary_text(rep).splitlines()
+    assert ("KV: decode loaded the KV of 3 of 3 rows handed off, and computed 0 of their 300 prompt tokens (at "
+            "most 1 a row when its KV arrived)") in summary_text(rep).splitlines()
     assert "warning" not in summary_text(rep)
 
 
@@ -90,6 +90,6 @@ def test_done_markers_and_the_summary_printed_at_the_end(tmp_path):
     assert s.decode_kv == want
     assert json.loads((tmp_path / "summary.json").read_text())["decode_kv"] == want
     assert ("\nKV: decode loaded the KV of 1 of 3 rows handed off, and computed 131 of their 250 prompt tokens "
-            "(the last one of each is normal) | 1 rows prefilled on decode on purpose (pools.local_prefill_tokens): "
-            "40 prompt tokens | warning: decode recomputed the prompt of 2 of 3 rows (130 prompt tokens): their KV "
-            "did not arrive (transport.on_recompute)\n") in s.text() + "\n"
+            "(at most 1 a row when its KV arrived) | 1 rows prefilled on decode on purpose "
+            "(pools.local_prefill_tokens): 40 prompt tokens | warning: decode recomputed the prompt of 2 of 3 rows "
+            "(130 prompt tokens): their KV did not arrive (transport.on_recompute)\n") in s.text() + "\n"

@@ -101,33 +101,61 @@ def test_a_killed_worker_is_started_again_and_a_joined_worker_claims(tmp_path, c
 
 
 @pytest.mark.e2e
-@pytest.mark.parametrize("transport,symptom", [("nixl_push", "its KV did not arrive"),
-                                               ("nixl_pull", "its KV could not be loaded")])
-def test_kv_transfer_that_fails_is_retried(tmp_path, colocated_run, transport, symptom):
+@pytest.mark.parametrize("transport,symptom,on_recompute", [("nixl_push", "its KV did not arrive", "warn"),
+                                                            ("nixl_pull", "its KV could not be loaded", "fail")])
+def test_kv_transfer_that_fails_is_retried(tmp_path, colocated_run, transport, symptom, on_recompute):
     # The decode worker breaks the first two hand-offs' transfers for real, not with a mock
     # (PD_PIPELINE_INJECT_KV_FAULTS): with push it registers them under request ids the prefill
     # engine does not know, so vLLM's NIXL push never happens and they wait for KV until
     # transport.kv_timeout_s; with pull it names a prefill engine that does not exist, so vLLM's
     # NIXL handshake fails and the request ends with finish_reason "error" and no tokens (which
     # was once written down as an empty generation without an error). Both are served again.
+    # The next hand-off it serves without loading its KV (PD_PIPELINE_INJECT_KV_SKIPS): vLLM
+    # computes that row's prompt on decode, and the run says so, in counts worked out here from
+    # the output columns (issue #41): transport.on_recompute=warn serves the row, fail makes it
+    # an error row naming it.
     shard = "part-00000.parquet"
+    run = tmp_path / "run"
     args = [*COMMON, f"transport={transport}", "transport.kv_timeout_s=8", "job.batch_rows=4",
-            f"job.input={SAMPLE / shard}", f"run.dir={tmp_path / 'run'}", f"job.output={tmp_path / 'out'}"]
-    p = run_pipeline(*args, env={"PD_PIPELINE_INJECT_KV_FAULTS": "2"})
+            f"transport.on_recompute={on_recompute}", f"job.input={SAMPLE / shard}", f"run.dir={run}",
+            f"job.output={tmp_path / 'out'}"]
+    p = run_pipeline(*args, env={"PD_PIPELINE_INJECT_KV_FAULTS": "2", "PD_PIPELINE_INJECT_KV_SKIPS": "1"})
     assert p.returncode == 0, p.stderr[-3000:]
-    logs = "".join(f.read_text(errors="replace") for f in (tmp_path / "run" / "logs").rglob("*_log.err"))
+    logs = "".join(f.read_text(errors="replace") for f in (run / "logs").rglob("*_log.err"))
     assert logs.count(symptom) == 2 and logs.count("serving it again") == 2, logs[-3000:]
+    assert logs.count("this decode worker recomputed") == 1, logs[-3000:]
     got = pq.read_table(tmp_path / "out" / shard)
     want = colocated_run.table(shard)
-    assert got.column("error").null_count == got.num_rows
     assert got.column("id").to_pylist() == want.column("id").to_pylist()
-    assert got.column("generation_token_ids").to_pylist() == want.column("generation_token_ids").to_pylist()
+    # By hand: decode computed prompt_tokens - kv_tokens of each row's prompt; 1 (the last
+    # token) or 0 (a prefix-cache hit) when the KV arrived.
+    prompt, kv = got.column("prompt_tokens").to_pylist(), got.column("kv_tokens").to_pylist()
+    computed = [a - b for a, b in zip(prompt, kv)]
+    (i,) = [j for j, c in enumerate(computed) if c > 1]
+    assert all(c in (0, 1) for j, c in enumerate(computed) if j != i), computed
+    errors, n = got.column("error").to_pylist(), got.num_rows
+    if on_recompute == "fail":
+        assert errors[i] == (f"decode recomputed {computed[i]} of {prompt[i]} prompt tokens (the KV did not "
+                             f"arrive); transport.on_recompute=fail")
+        assert got.column("generation").to_pylist()[i] is None
+    served = [j for j in range(n) if on_recompute == "warn" or j != i]
+    assert [errors[j] for j in served] == [None] * len(served)
+    ids, want_ids = got.column("generation_token_ids").to_pylist(), want.column("generation_token_ids").to_pylist()
+    assert [ids[j] for j in served] == [want_ids[j] for j in served]
+    counts = {"rows": n, "kv_loaded_rows": n - 1, "recomputed_rows": 1, "prompt_tokens": sum(prompt),
+              "computed_tokens": sum(computed), "recomputed_tokens": computed[i], "local_rows": 0, "local_tokens": 0}
+    assert json.loads((run / "summary.json").read_text())["decode_kv"] == counts
+    assert json.loads((run / "report" / "report.json").read_text())["decode_kv"] == counts
+    assert (f"KV: decode loaded the KV of {n - 1} of {n} rows handed off, and computed {sum(computed)} of their "
+            f"{sum(prompt)} prompt tokens (at most 1 a row when its KV arrived) | warning: decode recomputed the "
+            f"prompt of 1 of {n} rows ({computed[i]} prompt tokens): their KV did not arrive (transport.on_recompute)"
+            ) in p.stdout.splitlines(), p.stdout
     # The two rows were prefilled twice; their second KV arrived whole.
     from pipeline.io.metrics import read_request_metrics
 
-    m = read_request_metrics(tmp_path / "run").to_pylist()
+    m = read_request_metrics(run).to_pylist()
     assert sorted(r["tries"] for r in m) == [1] * (got.num_rows - 2) + [2, 2]
-    assert all(r["kv_tokens"] >= r["prompt_tokens"] - 1 for r in m)
+    assert sum(r["kv_tokens"] >= r["prompt_tokens"] - 1 for r in m) == n - 1
 
 
 @pytest.mark.e2e
