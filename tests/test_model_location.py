@@ -126,3 +126,21 @@ def test_a_relative_folder_is_found_from_the_launch_directory(tiny_model, tmp_pa
 def test_a_folder_without_config_json_is_refused(tmp_path):
     with pytest.raises(ConfigError, match=f"model.path: {tmp_path} holds no config.json"):
         preflight(compose(["+job=summarize", f"model.path={tmp_path}", f"run.dir={tmp_path / 'run'}"]))
+
+
+def test_gpu_memory_utilization_is_vllms_on_a_gpu_and_low_on_cpu(monkeypatch):
+    """Null (the default): vLLM's own 0.9 on a GPU (there 0.3 left 70% of an H100 unused), 0.3 on
+    vLLM's CPU platform, where vLLM refuses 0.9; a value given always wins. The GPU case stands
+    in for a GPU (none here): vLLM's platform is made to answer 'not CPU', and said so here."""
+    from vllm.platforms import current_platform
+
+    from pipeline.engine import build
+
+    cfg = compose(["+job=summarize"])
+    assert cfg.model.gpu_memory_utilization is None and current_platform.is_cpu()
+    assert build.pipeline_engine_kwargs(cfg, "decode")["gpu_memory_utilization"] == 0.3
+    given = compose(["+job=summarize", "model.gpu_memory_utilization=0.5"])
+    assert build.pipeline_engine_kwargs(given, "prefill")["gpu_memory_utilization"] == 0.5
+    monkeypatch.setattr(build, "_on_cpu", lambda: False)  # a stand-in for a GPU worker
+    assert build.pipeline_engine_kwargs(cfg, "decode")["gpu_memory_utilization"] == 0.9
+    assert build.pipeline_engine_kwargs(given, "decode")["gpu_memory_utilization"] == 0.5

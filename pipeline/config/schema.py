@@ -44,7 +44,9 @@ class ModelConfig:
     prefill_tp: int = 1  # tensor parallel size of each prefill worker
     decode_tp: int = 1  # tensor parallel size of each decode worker
     kv_cache_gib: float = 1.0  # GiB of KV cache per worker (vLLM CPU: VLLM_CPU_KVCACHE_SPACE)
-    gpu_memory_utilization: float = 0.3  # share of GPU memory vLLM may use (GPU only)
+    # share of each GPU's memory vLLM may use; null: 0.9 on GPU workers (vLLM's own default), 0.3 on CPU workers
+    # (vLLM's CPU backend refuses 0.9; there the KV cache is model.kv_cache_gib)
+    gpu_memory_utilization: Optional[float] = None
     enforce_eager: bool = False  # no CUDA graphs / compilation (vLLM's enforce_eager)
     # vLLM's max_num_batched_tokens for prefill engines (null: vLLM's default, 2048 on CPU): a finished request's KV
     # leaves between engine steps, so a smaller chunk lets hand-offs start sooner while long prompts are prefilled.
@@ -81,7 +83,8 @@ class ModelConfig:
         _check(self.kv_cache_gib > 0, "model.kv_cache_gib", f"must be > 0, got {self.kv_cache_gib}")
         _check(self.decode_kv_blocks is None or self.decode_kv_blocks >= 1, "model.decode_kv_blocks",
                f"must be >= 1 or null, got {self.decode_kv_blocks}")
-        _check(0 < self.gpu_memory_utilization <= 1, "model.gpu_memory_utilization", "must be in (0, 1]")
+        _check(self.gpu_memory_utilization is None or 0 < self.gpu_memory_utilization <= 1,
+               "model.gpu_memory_utilization", "must be in (0, 1] or null")
 
     def block_size_of(self, role: str) -> Optional[int]:
         """Tokens per KV block of ``role``'s engines (``prefill``, ``decode`` or ``colocated``):

@@ -33,6 +33,12 @@ if TYPE_CHECKING:
 
 Role = Literal["prefill", "decode", "colocated"]
 
+#: ``gpu_memory_utilization`` when ``model.gpu_memory_utilization`` is null: vLLM's own default on
+#: a GPU; on vLLM's CPU platform a low share (0.3 worked, vLLM's 0.92 refuses to start: DESIGN.md
+#: section 2), the KV cache there being ``model.kv_cache_gib``.
+GPU_MEMORY_UTILIZATION = 0.9
+CPU_MEMORY_UTILIZATION = 0.3
+
 #: ``AsyncEngineArgs`` fields the pipeline sets itself (:func:`pipeline_engine_kwargs`,
 #: :func:`build_engine`) or leaves at vLLM's default because it relies on it, with the setting to
 #: use instead and why; refused in ``model.*engine_kwargs``.
@@ -120,7 +126,7 @@ def pipeline_engine_kwargs(cfg: Config, role: Role) -> dict[str, Any]:
         "dtype": cfg.model.dtype,
         "max_model_len": cfg.model.max_model_len,
         "tensor_parallel_size": cfg.model.tp_of(role),
-        "gpu_memory_utilization": cfg.model.gpu_memory_utilization,
+        "gpu_memory_utilization": memory_utilization(cfg),
         "enforce_eager": cfg.model.enforce_eager,
         "seed": cfg.model.seed,
         "disable_log_stats": True,
@@ -222,6 +228,15 @@ def kv_transfer_config(cfg: Config, role: Literal["prefill", "decode"]):
         kv_load_failure_policy="fail",
         kv_buffer_device="cpu" if _on_cpu() else "cuda",
     )
+
+
+def memory_utilization(cfg: Config) -> float:
+    """vLLM's ``gpu_memory_utilization`` for this config's engines: ``model.gpu_memory_utilization``
+    when set, else :data:`GPU_MEMORY_UTILIZATION` on a GPU and :data:`CPU_MEMORY_UTILIZATION` on
+    vLLM's CPU platform (where vLLM refuses its own default, DESIGN.md section 2)."""
+    if cfg.model.gpu_memory_utilization is not None:
+        return cfg.model.gpu_memory_utilization
+    return CPU_MEMORY_UTILIZATION if _on_cpu() else GPU_MEMORY_UTILIZATION
 
 
 def _on_cpu() -> bool:

@@ -270,7 +270,7 @@ def _hardware_notes(model: ModelShape, hw: Hardware, ptp: int, dtp: int) -> list
     notes = []
     if hw.kv_cache_bytes is None:
         notes.append(f"assumes vLLM may use {hw.mem_fraction:.0%} of device memory "
-                     f"(the pipeline's default model.gpu_memory_utilization is 0.3)")
+                     f"(the pipeline's default on GPU workers, model.gpu_memory_utilization=null, is 0.9)")
     if hw.ranks_share_cores and max(ptp, dtp) > 1:
         notes.append(f"{hw.name} is a CPU profile: the rates above scale with each pool's TP as if every rank had "
                      f"its own device, but vLLM's CPU backend runs a worker's ranks on the worker's own cores, "
