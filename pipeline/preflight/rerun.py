@@ -25,6 +25,7 @@ RESULT_KEYS = (
     "job.rag.top_k", "job.rag.template",
     "model.path", "model.source", "model.name", "model.dtype", "model.max_model_len", "model.seed",
     "model.engine_kwargs", "model.prefill_engine_kwargs", "model.decode_engine_kwargs", "model.lora",
+    "transport.on_recompute",  # fail makes a row that decode recomputed an error row
 )
 _ABSENT = object()
 
