@@ -9,6 +9,8 @@ beside the session fixtures that start the shared runs, and are named here for t
 
 from __future__ import annotations
 
+import hashlib
+import json
 import subprocess
 
 from tests.conftest import (COMMON, PREFILL_NODES, ROOT, SAMPLE, SLURM, SLURM_NODES, PendingRun, Run,
@@ -42,3 +44,21 @@ __all__ = [
     "SLURM_NODES", "assert_across_hosts", "last_core", "node_bytes_sent", "one_line_error", "refused",
     "run_pipeline", "run_to_end", "start_run",
 ]
+
+
+def config_hash_as_documented(config_yaml: str) -> str:
+    """The output card's ``config_sha256`` as docs/outputs.md defines it, computed here: SHA-256 of
+    the JSON (sorted keys, no spaces) of every ``RESULT_KEYS`` setting as ``config.yaml`` holds
+    it, null when absent."""
+    import yaml
+
+    from pipeline.preflight.rerun import RESULT_KEYS
+
+    data = yaml.safe_load(config_yaml)
+    settings = {}
+    for key in RESULT_KEYS:
+        v = data
+        for part in key.split("."):
+            v = v.get(part) if isinstance(v, dict) else None
+        settings[key] = v
+    return hashlib.sha256(json.dumps(settings, sort_keys=True, separators=(",", ":")).encode()).hexdigest()

@@ -98,12 +98,10 @@ def test_compare_colocated_with_disaggregated(colocated_run, push_run, tmp_path)
 def test_output_card_matches_the_run(push_run, tmp_path, capsys):
     """The run left a card beside its output (docs/outputs.md#the-card) that agrees with the
     output shards, read here with pyarrow, and with the run's config.yaml; the report accepts it."""
-    import hashlib
-
     import yaml
 
-    from pipeline.preflight.rerun import RESULT_KEYS
     from pipeline.report.cli import main
+    from tests.helpers import config_hash_as_documented
 
     card = json.loads((push_run.output / "_card.json").read_text())
     assert (push_run.output / "_card.md").is_file()
@@ -113,14 +111,7 @@ def test_output_card_matches_the_run(push_run, tmp_path, capsys):
     assert card["output_tokens"] == sum(r["output_tokens"] for r in rows) == push_run.summary()["output_tokens"]
     assert sorted(card["shards"]) == sorted(p.name for p in push_run.output.glob("*.parquet"))
     config = yaml.safe_load((push_run.run_dir / "config.yaml").read_text())
-    settings = {}
-    for key in RESULT_KEYS:
-        v = config
-        for part in key.split("."):
-            v = v.get(part) if isinstance(v, dict) else None
-        settings[key] = v
-    assert card["config_sha256"] == hashlib.sha256(
-        json.dumps(settings, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+    assert card["config_sha256"] == config_hash_as_documented((push_run.run_dir / "config.yaml").read_text())
     assert (card["dtype"], card["tp"]) == ("float32", {"prefill": 1, "decode": 1})
     assert card["prompt_template"] == config["job"]["prompt_template"]
     assert card["sampling"]["max_new_tokens"] == config["job"]["sampling"]["max_new_tokens"]

