@@ -3,8 +3,8 @@ tier, on real vLLM and real NIXL (CPU; issue #18).
 
 SmolLM2-135M (8,192 positions) runs at a 12,288-token context through vLLM's own
 ``hf_overrides`` (YaRN, factor 1.5; :func:`tools.long_prompts.yarn_context`), the longest that fits
-the suite's budget: its 11.5K-token prefill takes about three minutes on one of these cores (a
-16K one six, the 32K-token runs of ``tools/bench_dram.py --long`` longer; BENCHMARKS.md). One request of
+the suite's budget: its 11.5K-token prefill took about a minute on one of these cores at the last
+measure, three at an earlier one (a 16K one six, the 32K-token runs of ``tools/bench_dram.py --long`` longer; BENCHMARKS.md). One request of
 11,500 document tokens, one of 4,500 and one short one, 1P:1D with ``offload=dram`` and a decode
 KV cache of 100 blocks (12,672 usable tokens: the long request, never with the 4,500-token one,
 so one of them waits in the DRAM tier while the other decodes), against a colocated run of the
