@@ -17,7 +17,7 @@ import yaml
 
 from pipeline.config import compose, to_yaml
 from tests.helpers import ROOT, SAMPLE, run_pipeline
-from tests.helpers import one_line_error as _one_line_error
+from tests.helpers import one_line_error
 
 CONF = (ROOT / "conf").resolve()  # a link to the package's pipeline/conf, where Hydra reads it
 
@@ -85,13 +85,13 @@ def test_cfg_job_prints_the_composed_config_and_starts_nothing(tmp_path):
     ("run.stall_ms=0", "run.stall_ms"),
 ])
 def test_a_bad_override_in_cfg_is_one_line_exit_2(override, words):
-    assert words in _one_line_error(run_pipeline("--cfg", "job", "+job=summarize", override))
+    assert words in one_line_error(run_pipeline("--cfg", "job", "+job=summarize", override))
 
 
 def test_a_bad_flag_or_flags_together_are_one_line_exit_2():
-    assert "--bogus" in _one_line_error(run_pipeline("+job=summarize", "--bogus"))
-    assert "only one of" in _one_line_error(run_pipeline("+job=summarize", "--cfg", "job", "-m"))
-    assert "job.nope" in _one_line_error(run_pipeline("--cfg", "job", "-p", "job.nope", "+job=summarize"))
+    assert "--bogus" in one_line_error(run_pipeline("+job=summarize", "--bogus"))
+    assert "only one of" in one_line_error(run_pipeline("+job=summarize", "--cfg", "job", "-m"))
+    assert "job.nope" in one_line_error(run_pipeline("--cfg", "job", "-p", "job.nope", "+job=summarize"))
 
 
 def test_info_is_hydras():
@@ -101,7 +101,7 @@ def test_info_is_hydras():
     p = run_pipeline("--info", "defaults", "+job=summarize", "pools=colocated")
     assert p.returncode == 0, p.stderr
     assert "job/summarize" in p.stdout and "pools/colocated" in p.stdout
-    assert "pools/nope" in _one_line_error(run_pipeline("--info", "+job=summarize", "pools=nope"))
+    assert "pools/nope" in one_line_error(run_pipeline("--info", "+job=summarize", "pools=nope"))
 
 
 def test_multirun_dry_run_runs_each_point_in_its_own_run_dir(tmp_path):
@@ -131,13 +131,13 @@ def test_multirun_dry_run_runs_each_point_in_its_own_run_dir(tmp_path):
 ])
 def test_a_sweep_with_one_invalid_point_exits_2_before_any_point_runs(tmp_path, sweep, words):
     p = _dry_sweep(tmp_path, "model.enforce_eager=true,false", sweep)
-    line = _one_line_error(p)
+    line = one_line_error(p)
     assert line.startswith("error: point 1 (") and words in line, line
     assert "== point" not in p.stdout and "dry run" not in p.stdout
 
 
 def test_two_points_writing_one_output_are_refused(tmp_path):
-    line = _one_line_error(_dry_sweep(tmp_path, "pools=colocated,disaggregated", f"job.output={tmp_path / 'out'}"))
+    line = one_line_error(_dry_sweep(tmp_path, "pools=colocated,disaggregated", f"job.output={tmp_path / 'out'}"))
     assert "job.output" in line and "points 0 and 1" in line
 
 

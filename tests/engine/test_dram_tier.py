@@ -11,7 +11,7 @@ import pytest
 
 from pipeline.io.metrics import read_request_metrics, read_worker_metrics
 from tests.helpers import Run
-from tests.helpers import run_to_end as _run
+from tests.helpers import run_to_end
 from tools.long_prompts import write_long_prompts
 
 BLOCK = 128
@@ -42,14 +42,14 @@ def short_input(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def preempt_run(tmp_path_factory, short_input) -> Run:
-    return _run(tmp_path_factory, "dram-preempt", "pools=disaggregated", "offload=dram", "offload.dram_gib=1",
+    return run_to_end(tmp_path_factory, "dram-preempt", "pools=disaggregated", "offload=dram", "offload.dram_gib=1",
                 f"model.decode_kv_blocks={P_BLOCKS}", f"model.prefill_tp={P_TP}", *P_CONTEXT,
                 input_url=str(short_input))
 
 
 @pytest.fixture(scope="module")
 def short_colocated_run(tmp_path_factory, short_input) -> Run:
-    return _run(tmp_path_factory, "dram-preempt-colocated", "pools=colocated", *P_CONTEXT, input_url=str(short_input))
+    return run_to_end(tmp_path_factory, "dram-preempt-colocated", "pools=colocated", *P_CONTEXT, input_url=str(short_input))
 
 
 @pytest.mark.e2e

@@ -9,7 +9,7 @@ import pytest
 
 from pipeline.config import compose
 from pipeline.engine.model import load_tokenizer
-from tests.conftest import run_pipeline
+from tests.helpers import run_pipeline
 from tests.reference import chat_prompt_ids, inert_prompt_ids
 
 pytestmark = pytest.mark.e2e

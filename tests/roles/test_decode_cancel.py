@@ -34,7 +34,7 @@ from pipeline.roles.decode import DecodeServer
 from pipeline.runtime.rundir import RunDir
 from pipeline.wire.auth import sign, verify
 from pipeline.wire.messages import Cancel, Handoff, Received, Result, decode, encode
-from tests.conftest import SAMPLE
+from tests.helpers import SAMPLE
 
 
 class _Engine:
