@@ -55,17 +55,26 @@ def test_every_failpoint_the_tests_set_is_listed_and_documented():
 
 def test_freeze_children_stops_a_real_child_and_continues_it():
     """In a process of its own (the freeze stops every descendant of the caller): a child
-    ``sleep`` is stopped at once (state T in /proc) and running again after the freeze."""
+    ``sleep`` is stopped (state T in /proc) within the freeze and running again after it. A
+    signal is delivered asynchronously, so each state is waited for with a deadline (read at
+    once, the child was seen still sleeping under load)."""
     code = textwrap.dedent("""
-        import asyncio, subprocess, psutil
+        import asyncio, subprocess, time, psutil
         from pipeline.runtime.failpoints import freeze_children
 
         child = subprocess.Popen(["sleep", "30"])
+        async def state(stopped, within):
+            deadline = time.monotonic() + within
+            while (psutil.Process(child.pid).status() == "stopped") != stopped and time.monotonic() < deadline:
+                await asyncio.sleep(0.01)
+            return psutil.Process(child.pid).status()
         async def go():
-            freeze_children(0.5)
-            frozen = psutil.Process(child.pid).status()
-            await asyncio.sleep(1.5)
-            return frozen, psutil.Process(child.pid).status()
+            t0 = time.monotonic()
+            freeze_children(3.0)
+            frozen = await state(True, 2.0)
+            assert time.monotonic() - t0 < 3.0, "the freeze ended before the child was seen stopped"
+            await asyncio.sleep(max(0.0, 3.0 - (time.monotonic() - t0)))
+            return frozen, await state(False, 5.0)
         try:
             print(*asyncio.run(go()))
         finally:
