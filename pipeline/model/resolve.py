@@ -26,20 +26,24 @@ class ModelNotFound(ValueError):
     cache; the message says how to get it."""
 
 
+def _folder(path: str) -> str:
+    """``path`` as an absolute path: ``~`` expanded, a relative one read from the current
+    directory (where ``python -m pipeline`` was started)."""
+    return os.path.abspath(os.path.expanduser(path))
+
+
 def absolute_folder(path: str | None) -> str | None:
-    """``path`` made absolute (``~`` expanded, against the current directory) when it names a
-    folder here, so that every worker and a re-run load the same one; else as given (a hub id,
-    or a missing folder that :func:`find_model` refuses)."""
-    if path and os.path.isdir(os.path.expanduser(path)):
-        return os.path.abspath(os.path.expanduser(path))
-    return path
+    """``path`` made absolute (:func:`_folder`) when it names a folder here, so that every worker
+    and a re-run load the same one; else as given (a hub id, or a missing folder that
+    :func:`find_model` refuses)."""
+    return _folder(path) if path and os.path.isdir(_folder(path)) else path
 
 
-def find_model(path: str, launch_dir: str | None = None) -> str:
+def find_model(path: str) -> str:
     """The absolute folder of ``model.path``, found without the network.
 
-    - A folder: absolute, ``~``-relative, or relative to ``launch_dir`` (default: the current
-      directory, where ``python -m pipeline`` was started).
+    - A folder: absolute, ``~``-relative, or relative to the current directory (where
+      ``python -m pipeline`` was started).
     - Else a hub id (``org/name``) already in the local Hugging Face cache (``HF_HOME``,
       ``HF_HUB_CACHE``): its snapshot folder (``huggingface_hub.snapshot_download`` with
       ``local_files_only``), so every worker loads the same files offline.
@@ -48,11 +52,9 @@ def find_model(path: str, launch_dir: str | None = None) -> str:
         ModelNotFound: neither; the message names the folder looked for, the cache, and the
             command that fetches a hub id into that cache.
     """
-    folder = Path(os.path.expanduser(path))
-    if not folder.is_absolute():
-        folder = Path(launch_dir or os.getcwd()) / folder
-    if folder.is_dir():
-        return os.path.abspath(folder)
+    folder = _folder(path)
+    if os.path.isdir(folder):
+        return folder
     hub = _HUB_ID.match(path) is not None
     if hub:
         from huggingface_hub import constants, snapshot_download
@@ -62,11 +64,11 @@ def find_model(path: str, launch_dir: str | None = None) -> str:
         except (OSError, ValueError):  # not in the cache (LocalEntryNotFoundError), or not a valid id
             pass
         raise ModelNotFound(
-            f"model.path: {path} is neither a folder (no {os.path.abspath(folder)}) nor a model in the local "
+            f"model.path: {path} is neither a folder (no {folder}) nor a model in the local "
             f"Hugging Face cache ({constants.HF_HUB_CACHE}); workers never download. Fetch it into a cache "
             f"every node sees: hf download {path} --cache-dir {constants.HF_HUB_CACHE} (a gated model needs "
             f"HF_TOKEN or hf auth login first), or set model.path to its folder")
-    raise ModelNotFound(f"model.path: no such folder: {os.path.abspath(folder)}")
+    raise ModelNotFound(f"model.path: no such folder: {folder}")
 
 
 def resolve_model_path(path: str | None, source: str | None, name: str) -> str:
