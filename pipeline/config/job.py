@@ -26,12 +26,12 @@ class SamplingConfig:
     prompt (the prompt is prefilled and its KV moved once; sample i has seed ``seed + i``, as
     vLLM's own ``n``); with ``n > 1`` the generation columns hold one list entry per sample."""
 
-    temperature: float = 0.0  # 0: greedy
+    temperature: float = 0.0  # randomness of sampling (higher: flatter); 0: greedy, the most likely token
     n: int = 1  # samples per prompt
     top_p: float = 1.0  # nucleus sampling's probability mass; 1: all
-    max_new_tokens: int = 64  # tokens
+    max_new_tokens: int = 64  # most tokens generated per row and sample (vLLM's max_tokens)
     seed: Optional[int] = None  # per-request seed; null: the engine's random state (model.seed)
-    top_k: int = 0  # 0: all tokens
+    top_k: int = 0  # sample from the k most likely tokens only; 0 (or -1): all tokens
     min_p: float = 0.0  # tokens below min_p x the top token's probability are dropped
     repetition_penalty: float = 1.0  # 1: none; > 1 discourages repeated tokens
     presence_penalty: float = 0.0  # in [-2, 2]; > 0 discourages tokens already present
@@ -87,10 +87,11 @@ class RagConfig:
 
     corpus: str = MISSING  # Parquet passages: id, text, optional title
     embedding_model: str = "all-MiniLM-L6-v2"  # sentence-transformers model that embeds questions and passages
-    chunk_size: int = 128  # words
-    overlap: int = 32  # words
+    chunk_size: int = 128  # words per passage the corpus documents are cut into
+    overlap: int = 32  # words two neighbouring passages of a document share
     top_k: int = 3  # passages per question
-    template: Optional[str] = None  # null: pipeline.rag.retrieve.DEFAULT_TEMPLATE
+    # the prompt's text, from {passages} and {question}; null: the built-in one (pipeline.rag.retrieve.DEFAULT_TEMPLATE)
+    template: Optional[str] = None
     index_dir: Optional[str] = None  # where corpus indexes are kept; null: ~/.cache/pd-pipeline/rag
     retrieve_batch: int = 8  # questions retrieved at a time
     prefix_routing: bool = True  # rows sharing their best passage go one after another, to one decode worker
@@ -107,17 +108,18 @@ class RagConfig:
 class JobConfig:
     """What to generate: input shards, prompt, sampling and output location.
 
-    ``input`` is a directory, a glob or a single file of Parquet shards reachable through fsspec
-    (local path, ``file://``, ``s3://``, ``gs://`` ...). ``output`` defaults to ``RUN_DIR/output``.
+    ``input`` is a directory, a glob or a single file of shards (Parquet, JSON Lines, CSV or an
+    OpenAI batch file, each by its extension) reachable through fsspec (local path, ``file://``,
+    ``s3://``, ``gs://`` ...). ``output`` defaults to ``RUN_DIR/output``.
     ``prompt_template`` is a Python format string with ``{text}`` (as often as wanted; literal
     braces are ``{{`` and ``}}``); it becomes the user turn of the model's chat template (after
     ``system_prompt`` when set, which takes no placeholder).
     """
 
-    name: str = MISSING
+    name: str = MISSING  # the job's name (set by its config): run directories go under run.root/NAME/
     input: str = MISSING  # input shards: a folder, glob or file, local or any fsspec URL
     output: Optional[str] = None  # where output shards go; null: RUN_DIR/output
-    text_column: str = "text"  # the column holding each row's text
+    text_column: str = "text"  # the column holding each row's text (it fills {text} in prompt_template)
     id_column: str = "id"  # the column naming each row (absent: ids from shard and row number)
     system_prompt: Optional[str] = None  # the chat template's system turn; null: none
     prompt_template: str = "{text}"  # the user turn: a format string with {text}

