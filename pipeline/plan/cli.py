@@ -31,7 +31,7 @@ def _lengths(text: str | None) -> int | list[int] | None:
 
 def main(argv: list[str] | None = None) -> int:
     """``python -m pipeline.plan``. Exit status 0, or 2 with one line on bad input."""
-    args = _parser().parse_args(argv)
+    args = parser().parse_args(argv)
     try:
         _check_tp_flags(args)
         model, hw = _model_and_hardware(args)
@@ -142,8 +142,8 @@ def _workload(args: argparse.Namespace, model: ModelShape) -> Workload:
     return wl
 
 
-def _parser() -> argparse.ArgumentParser:
-    """The planner's flags."""
+def parser() -> argparse.ArgumentParser:
+    """The planner's flags (also docs/cli.md, ``tools/manual.py``)."""
     ap = argparse.ArgumentParser(prog="python -m pipeline.plan", description=pipeline.plan.__doc__.split("\n\n")[0])
     ap.add_argument("--model", default=None, help="preset (llama-3.1-70b, llama-3.1-8b, smollm2-135m), "
                     "model directory or config.json (default: the calibrated run's, else smollm2-135m)")

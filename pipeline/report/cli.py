@@ -15,25 +15,31 @@ from pipeline.report.text import summary_text
 from pipeline.report.write import write_report
 
 
+def parser() -> argparse.ArgumentParser:
+    """The command's arguments and flags (also docs/cli.md, ``tools/manual.py``)."""
+    p = argparse.ArgumentParser(
+        prog="python -m pipeline.report",
+        description="Write a run's performance report (report.json and PNGs) from its metrics.")
+    p.add_argument("run_dir", metavar="RUN_DIR", help="the run directory")
+    p.add_argument("--compare", metavar="OTHER_RUN_DIR",
+                   help="also compare with this run (RUN_DIR = a, OTHER_RUN_DIR = b)")
+    p.add_argument("--labels", nargs=2, metavar=("A", "B"),
+                   help="names of the two runs in the comparison (default: their modes, "
+                        "or their directory names)")
+    p.add_argument("--out", metavar="DIR", help="output directory (default RUN_DIR/report)")
+    p.add_argument("--stall-ms", type=float, default=STALL_S * 1e3,
+                   help="stall threshold in milliseconds (default %(default)g)")
+    return p
+
+
 def main(argv: Iterable[str] | None = None) -> int:
     """Run the command line on ``argv`` (default ``sys.argv[1:]``); returns the exit status: 0, or
     2 when a run directory is missing or its metrics are unreadable, or 1 when the output's card
     does not match the output (:func:`card_error`), each with one line on stderr."""
-    parser = argparse.ArgumentParser(
-        prog="python -m pipeline.report",
-        description="Write a run's performance report (report.json and PNGs) from its metrics.")
-    parser.add_argument("run_dir", help="the run directory")
-    parser.add_argument("--compare", metavar="OTHER_RUN_DIR",
-                        help="also compare with this run (RUN_DIR = a, OTHER_RUN_DIR = b)")
-    parser.add_argument("--labels", nargs=2, metavar=("A", "B"),
-                        help="names of the two runs in the comparison (default: their modes, "
-                             "or their directory names)")
-    parser.add_argument("--out", metavar="DIR", help="output directory (default RUN_DIR/report)")
-    parser.add_argument("--stall-ms", type=float, default=STALL_S * 1e3,
-                        help="stall threshold in milliseconds (default %(default)g)")
-    args = parser.parse_args(list(argv) if argv is not None else None)
+    ap = parser()
+    args = ap.parse_args(list(argv) if argv is not None else None)
     if not args.stall_ms > 0:
-        parser.error("--stall-ms must be > 0")
+        ap.error("--stall-ms must be > 0")
     stall_s = args.stall_ms / 1e3
     out = Path(args.out) if args.out else Path(args.run_dir) / "report"
     try:
