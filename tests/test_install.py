@@ -123,3 +123,42 @@ def test_a_user_config_dir_adds_a_job_and_a_cluster(installed, tmp_path):
     p = installed.run("--config-dir", str(tmp_path / "absent"), "+job=summarize", "--dry-run")
     assert p.returncode == 2 and p.stderr.count("\n") == 1 and p.stderr.startswith("error: "), p.stderr
     assert str(tmp_path / "absent") in p.stderr
+
+
+def _setup(cwd: Path, *args: str, **env: str) -> subprocess.CompletedProcess:
+    """``bash tools/setup.sh ARGS`` of the checkout in ``cwd`` (always with --dry-run or a bad
+    argument here: nothing is installed)."""
+    base = {k: v for k, v in os.environ.items() if k != "PD_PIPELINE_BUILD"}
+    return subprocess.run(["bash", str(cwd / "tools" / "setup.sh"), *args], env={**base, **env},
+                          capture_output=True, text=True, timeout=60)
+
+
+def test_setup_refuses_an_unknown_argument_or_build():
+    p = _setup(ROOT, "--bogus")
+    assert p.returncode == 2 and p.stderr.count("\n") == 1, p.stderr
+    assert p.stderr.startswith("setup.sh: unknown argument '--bogus' (usage: bash tools/setup.sh [--gpu | --cpu]")
+    p = _setup(ROOT, "--dry-run", PD_PIPELINE_BUILD="tpu")
+    assert p.returncode == 2 and p.stderr.count("\n") == 1 and "PD_PIPELINE_BUILD=tpu: give gpu or cpu" in p.stderr
+
+
+def test_setup_can_be_told_the_build_and_its_stamp_names_it(tmp_path):
+    """``--gpu`` / ``--cpu`` / ``PD_PIPELINE_BUILD`` pick the build without asking nvidia-smi (a
+    flag wins over the variable), and the stamp that makes a second run a no-op is per build."""
+    import hashlib
+    import shutil
+
+    (tmp_path / "tools").mkdir()
+    for name in ("pyproject.toml", "tools/setup.sh"):
+        shutil.copy(ROOT / name, tmp_path / name)
+    assert _setup(tmp_path, "--gpu", "--dry-run").stdout == \
+        "setup: vLLM gpu build (asked for): would install it into .venv, then convert the default model\n"
+    assert "vLLM gpu build (asked for)" in _setup(tmp_path, "--dry-run", PD_PIPELINE_BUILD="gpu").stdout
+    assert "vLLM cpu build (asked for)" in _setup(tmp_path, "--cpu", "--dry-run", PD_PIPELINE_BUILD="gpu").stdout
+    assert "build (detected)" in _setup(tmp_path, "--dry-run").stdout
+    digest = hashlib.sha256((tmp_path / "pyproject.toml").read_bytes() + (tmp_path / "tools/setup.sh").read_bytes())
+    (tmp_path / ".venv").mkdir()
+    (tmp_path / ".venv" / f".setup-{digest.hexdigest()[:16]}-cpu").touch()
+    assert _setup(tmp_path, "--cpu", "--dry-run").stdout == "setup: vLLM cpu build (asked for): .venv is up to date\n"
+    assert "would install" in _setup(tmp_path, "--gpu", "--dry-run").stdout
+    assert sorted(p.name for p in (tmp_path / ".venv").iterdir()) == \
+        [f".setup-{digest.hexdigest()[:16]}-cpu"]  # nothing installed
