@@ -31,7 +31,7 @@ ARCHITECTURES: dict[str, tuple[str, dict[str, Any]]] = {
     # A head dim that is not hidden size / heads (Qwen3: 128 hidden, 4 heads, head dim 64).
     "qwen3-headdim": ("qwen3", dict(hidden_size=128, intermediate_size=256, num_hidden_layers=2,
                                     num_attention_heads=4, num_key_value_heads=2, head_dim=64,
-                                    max_position_embeddings=4096)),
+                                    max_position_embeddings=2048)),
 }
 
 

@@ -12,6 +12,7 @@ tier and pools of different TP; ``tools/arch_matrix.py`` runs every path for eve
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pyarrow.parquet as pq
@@ -71,7 +72,7 @@ def transformers_reference(models) -> dict[str, list[dict]]:
 
 
 @pytest.mark.parametrize("run", RUNS)
-def test_output_equals_transformers_generate(runs, transformers_reference, run):
+def test_output_equals_transformers_generate(models, runs, transformers_reference, run):
     model, overrides = RUNS[run]
     done = runs[run]
     want = transformers_reference[model]
@@ -84,11 +85,14 @@ def test_output_equals_transformers_generate(runs, transformers_reference, run):
         # The KV crossed: decode received every prompt token but at most one (vLLM's counters).
         assert all(r["prompt_tokens"] - 1 <= r["kv_tokens"] <= r["prompt_tokens"] for r in out), \
             [(r["prompt_tokens"], r["kv_tokens"]) for r in out]
+    # Each engine ran at its pool's TP, with the model's own context (model.max_model_len null:
+    # config.json's max_position_embeddings, which 1 GiB of KV cache holds for these models) and
+    # eager on this CPU, as vLLM resolved them.
     engines = done.engines()
-    for role in ("prefill", "decode"):
+    context = json.loads((models[model] / "config.json").read_text())["max_position_embeddings"]
+    for role, engine in engines.items():
         tp = next((int(o.split("=")[1]) for o in overrides if o.startswith(f"model.{role}_tp=")), 1)
-        if role in engines:
-            assert engines[role]["tp"] == tp
+        assert (engine["tp"], engine["max_model_len"], engine["enforce_eager"]) == (tp, context, True), (role, engine)
 
 
 def test_the_sliding_window_shapes_the_output(models, runs, transformers_reference):

@@ -10,7 +10,8 @@ from omegaconf import DictConfig, OmegaConf
 
 from pipeline.config.app import hydra_app
 from pipeline.config.errors import ConfigError, one_line
-from pipeline.config.overrides import check_job_added, explain, has_job, parse_overrides
+from pipeline.config.provenance import Origins
+from pipeline.config.overrides import check_job_added, explain, has_job, parse_overrides, with_own_model
 from pipeline.config.schema import Config, register
 from pipeline.config.searchpath import split_searchpath
 
@@ -61,6 +62,7 @@ def compose(overrides: list[str] | tuple[str, ...] = ()) -> Config:
     if not has_job(overrides):
         raise ConfigError("no job selected: add +job=NAME (for example +job=summarize)")
     dirs, overrides = split_searchpath(overrides)
+    overrides = with_own_model(overrides)
     for o in parse_overrides(overrides):
         if o.is_sweep_override():
             raise ConfigError(f"{o.input_line}: a sweep: add -m (--multirun) for one run per value; "
@@ -80,6 +82,7 @@ def compose(overrides: list[str] | tuple[str, ...] = ()) -> Config:
     except Exception as exc:  # hydra/omegaconf raise many types; all are config errors here
         raise ConfigError(explain(one_line(exc), overrides, Config)) from exc
     assert isinstance(obj, Config)
+    obj.origins = Origins(dirs, overrides)  # not a field: for --dry-run's "where each setting came from"
     return obj
 
 

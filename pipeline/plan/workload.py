@@ -109,6 +109,11 @@ def workload_from_input(input_url: str, model: ModelShape, *, job: str = "summar
     model_override = f"model={tok_ref}" if (CONF_MODELS / f"{tok_ref}.yaml").exists() else f"model.path={tok_ref}"
     cfg = compose_config([model_override, f"job.input={input_url}",
                           *([f"model.max_model_len={max_model_len}"] if max_model_len else [])], job)
+    if cfg.model.max_model_len is None:  # a model of one's own: its own context (pipeline.preflight.limits)
+        from pipeline.preflight.limits import resolve_max_model_len
+        from pipeline.preflight.engine_args import local_model
+
+        cfg.model.max_model_len, _ = resolve_max_model_len(cfg, local_model(cfg))
     tok = load_tokenizer(cfg)
     lengths: list[int] = []
     rows = 0

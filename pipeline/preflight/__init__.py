@@ -63,6 +63,9 @@ from pipeline.preflight.kv_fit import check_kv_fits
 from pipeline.preflight.layout import check_pool_layouts_of
 from pipeline.preflight.locations import check_overlap, check_writable, filesystem, list_input, one_line
 from pipeline.preflight.rerun import RESULT_KEYS, check_rerun, rerun_changes
+from pipeline.preflight.shared_fs import shared_fs_warning
+from pipeline.preflight.settings import Setting, describe_settings, engine_settings
+from pipeline.preflight.limits import resolve_max_model_len
 
 SHOWN_SHARDS = 5  # shard names a dry run lists
 TOKEN_SAMPLE_ROWS = 64  # rows a dry run tokenizes to estimate the prompt tokens
@@ -85,6 +88,9 @@ class Plan:
     renamed: dict[str, str] = field(default_factory=dict)
     resumes: bool = False
     sample_lists: bool = False  # the sample columns are lists (:func:`sample_lists`)
+    engines: dict[str, list[Setting]] = field(default_factory=dict)  # role -> its resolved settings
+    warnings: list[str] = field(default_factory=list)  # one line each: what a start prints to stderr
+    jobs: list[tuple[str, list[str]]] = field(default_factory=list)  # Slurm: each job's #SBATCH lines (dry run)
 
     @property
     def total_rows(self) -> int:
@@ -112,6 +118,7 @@ class Plan:
         more = f", ... ({len(names) - SHOWN_SHARDS} more)" if len(names) > SHOWN_SHARDS else ""
         lines = [
             "dry run: everything checked, nothing started",
+            *self.warnings,
             f"shards: {len(names)} ({', '.join(names[:SHOWN_SHARDS])}{more})",
             *(f"unreadable shard (it will fail, the others run): {n}: {why}" for n, why in self.unreadable.items()),
             f"rows: {self.total_rows} ({self.rows_source()})",
@@ -120,6 +127,9 @@ class Plan:
             lines.append(f"prompt tokens: {estimate_prompt_tokens(self)}")
         lines += [
             f"pools: {self.pools()}",
+            *describe_settings(self.engines),
+            *(["slurm jobs it would submit (sbatch options):"] if self.jobs else []),
+            *(f"  {job}: {' '.join(line.removeprefix('#SBATCH ') for line in lines)}" for job, lines in self.jobs),
             f"run dir: {self.run_dir}" + (" (holds results of this config: the run resumes there)" if self.resumes else ""),
             f"output: {self.output}",
             *(f"input column {old} kept as {new} (job.input_column_prefix)" for old, new in self.renamed.items()),
@@ -159,8 +169,9 @@ def preflight(cfg: Config, run_dir: Path | None = None) -> Plan:
             ``config.json``.
     """
     check_templates(cfg)
-    check_engine_args(cfg)
     model_dir = local_model(cfg)
+    cfg.model.max_model_len, context_from = resolve_max_model_len(cfg, model_dir)
+    check_engine_args(cfg)
     check_pool_layouts_of(cfg, model_dir)
     check_kv_fits(cfg, model_dir)
     for key, value in (("run.dir", cfg.run.dir), ("run.root", cfg.run.root)):
@@ -189,7 +200,9 @@ def preflight(cfg: Config, run_dir: Path | None = None) -> Plan:
         check_ports_free(cfg)
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
-    return Plan(cfg, run_dir, output, shards, rows, unreadable, renamed, resumes, sample_lists(cfg, shards, schemas))
+    warning = shared_fs_warning(cfg, model_dir, str(run_dir))
+    return Plan(cfg, run_dir, output, shards, rows, unreadable, renamed, resumes, sample_lists(cfg, shards, schemas),
+                engine_settings(cfg, model_dir, context_from), [warning] if warning else [])
 
 
 def sample_lists(cfg: Config, shards: list[Shard], schemas: list) -> bool:
