@@ -68,7 +68,8 @@ def _latency_line(r: dict) -> str:
 
 class RunHandle:
     """A launched run. ``status()`` reads the run directory (cheap, any time); ``wait()`` follows
-    the run to its end; ``result()`` opens the output shards as a pyarrow dataset. ``plan``: what
+    the run to its end; ``result()`` opens the output shards as a pyarrow dataset; ``cancel()``
+    stops it, keeping what was written. ``plan``: what
     the preflight checked (:class:`pipeline.preflight.Plan`); with ``run.dry_run`` nothing was
     launched and the run directory was not created (``plan.describe()`` says what would run)."""
 
@@ -80,6 +81,7 @@ class RunHandle:
         self._summary: Summary | None = None
         self.joined = False  # these jobs joined a run another launch follows (join_job)
         self.joined_tasks: list[int] = []  # their array task indices
+        self.cancelled = False  # cancel() was called
 
     @property
     def run_dir(self) -> Path:
@@ -110,6 +112,10 @@ class RunHandle:
         Raises:
             pipeline.launch.watch.RunFailed: a worker failed.
         """
+        if self._summary is None and self.cancelled:
+            # Nothing left to follow: the summary of what was done before cancel().
+            self._summary = summarize(self.run, self.output, self.n_shards, time.monotonic() - self.started,
+                                      final=not self.joined)
         if self._summary is None:
             watch(self.run, self.jobs, self.total_rows, progress=progress, joined=self.joined)
             self._summary = summarize(self.run, self.output, self.n_shards, time.monotonic() - self.started,
@@ -119,6 +125,24 @@ class RunHandle:
             if self.cfg.run.report and not self.joined:
                 self._summary.report = _report(self.run)
         return self._summary
+
+    def cancel(self, grace_s: float = 10.0) -> None:
+        """Stop the run now: every job of this handle is cancelled (Slurm: ``scancel`` through
+        submitit; locally each worker is interrupted, which shuts its engine down, and whatever
+        still runs after ``grace_s`` seconds is killed) and the run's decode workers are asked
+        to stop. Returns once the local processes are gone (Slurm: once ``scancel`` was sent).
+
+        Nothing written is lost: finished shards and checkpointed rows stay, and running the
+        job again with ``run.dir=RUN_DIR`` resumes it. A later :meth:`wait` returns the summary
+        of what was done without following the jobs. A handle of joined workers
+        (:func:`join_job`) cancels only its own tasks and leaves the run going."""
+        from pipeline.launch.watch import cancel_job
+
+        for job in (self.jobs.array_tasks if self.joined else self.jobs.all()):
+            cancel_job(job, grace_s)
+        if not self.joined:
+            self.run.request_stop()
+        self.cancelled = True
 
     def result(self):
         """The output shards as one ``pyarrow.dataset.Dataset`` (waits for the run first): every
@@ -144,12 +168,19 @@ def start_job(cfg: Config) -> RunHandle:
 
     cfg.model.path = absolute_folder(cfg.model.path)
     plan = preflight(cfg)
+    if not cfg.run.dry_run:
+        for line in plan.warnings:
+            print(line, file=sys.stderr)
     shards, output, total_rows = plan.shards, plan.output, plan.total_rows
     run = RunDir(plan.run_dir)
     choice = None
     if cfg.pools.mode == "auto":
         cfg, choice = _choose_pools(cfg, plan)
     if cfg.run.dry_run:
+        if cfg.cluster.launcher == "slurm":
+            from pipeline.launch.slurm import sbatch_preview
+
+            plan.jobs = sbatch_preview(cfg, run, len(plan_units(shards, plan.rows, cfg.job.unit_rows)))
         return RunHandle(cfg, run, Jobs(), output, len(shards), total_rows, plan)
     run.create(cfg, shards, output, total_rows, plan.sample_lists, plan_units(shards, plan.rows, cfg.job.unit_rows))
     if choice is not None:

@@ -189,7 +189,7 @@ def _restart_killed(run: RunDir, jobs: Jobs, queue: _QueueCheck, restarts: list[
                    file=sys.stderr)
 
 
-def _cancel(job, grace_s: float = 10.0) -> None:
+def cancel_job(job, grace_s: float = 10.0) -> None:
     """Cancel ``job``.
 
     A local job is a submitit controller process running the task process. submitit cancels it
@@ -263,13 +263,13 @@ def watch(run: RunDir, jobs: Jobs, total_rows: int, progress: bool = True,
             if dead and len(dead) == len(jobs.decode):
                 errors += [_failure(j, queue) for j in dead]
                 for j in jobs.array_tasks:
-                    _cancel(j)
+                    cancel_job(j)
                 break
             time.sleep(poll_s)
         bars.update(run)
     except KeyboardInterrupt:
         for j in jobs.all():
-            _cancel(j)
+            cancel_job(j)
         raise
     finally:
         bars.close()
@@ -359,8 +359,8 @@ def _wind_down_decode(jobs: Jobs, queue: _QueueCheck, beats: _DecodeBeats, grace
         for j in jobs.decode:
             if j.job_id in queue.pending:  # requeued (its node lost): it would only start to stop
                 queue.pending.discard(j.job_id)
-                _cancel(j)
+                cancel_job(j)
         time.sleep(poll_s)
     for j in jobs.decode:
         if not j.done():
-            _cancel(j)
+            cancel_job(j)
