@@ -77,7 +77,10 @@ def test_the_pip_route_in_a_fresh_venv():
         # The venv activated, as `. ENV/bin/activate` does; nothing from this interpreter leaks in.
         env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV")}
         env.update(PATH=f"{venv / 'bin'}{os.pathsep}{env.get('PATH', '')}", VIRTUAL_ENV=str(venv),
-                   PD_PIPELINE_CACHE=str(base / "cache"))
+                   PD_PIPELINE_CACHE=str(base / "cache"),
+                   # pip's bytecode compilation of every installed module (torch, vLLM, transformers)
+                   # is most of its CPU time here; the commands are the page's, only slower with it.
+                   PIP_NO_COMPILE="1")
         for command in commands:
             words = shlex.split(command)
             if words[0] == "pd-pipeline" and any(w.startswith("+job=") for w in words):
