@@ -6,9 +6,10 @@ split shards whose parts are all written (:mod:`pipeline.io.units`)."""
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+from typing import Any, Iterable
 
 from pipeline.config import Config
+from pipeline.io.shards import Shard
 from pipeline.io.units import Unit, part_written, parts_done
 from pipeline.roles.shard_owner import Progress, ServeRow, ShardOwner, finish_split
 from pipeline.runtime.claims import Claims
@@ -35,7 +36,7 @@ async def own_shards(run: RunDir, cfg: Config, claims: Claims, worker: str, toke
     finishing, started = [], set()
     try:
         await asyncio.to_thread(assemble_ready, run, claims, tokenizer, progress, worker)
-        while (i := claims.claim_next(range(len(units)), settled_units(run, units), limit, started)) is not None:
+        while (i := next_unit(run, claims, units, shards, limit, started)) is not None:
             started.add(i)
             owner = ShardOwner(run, cfg, shards[units[i].shard], worker, tokenizer, serve, slots, progress,
                                still_mine=lambda i=i: claims.holds(i), unit=units[i],
@@ -53,20 +54,24 @@ def claim_first(run: RunDir, claims: Claims, limit: int | None) -> int | None:
     """Claim a worker's first unit before its engine starts (None: nothing left for it, so it
     starts no engine); :func:`own_shards` then finds it among the worker's own claims."""
     units = run.units()
-    return claims.claim_next(range(len(units)), settled_units(run, units), limit)
+    return next_unit(run, claims, units, {s.index: s for s in run.shards()}, limit)
 
 
-def settled_units(run: RunDir, units: list[Unit]) -> set[int]:
-    """Indices of the units that need no more serving: their shard is done or failed, or (a part
-    of a split shard) their part is written."""
-    shards = {s.index: s for s in run.shards()}
-    names = set(run.done()) | set(run.failed())
-    out = set()
-    for i, u in enumerate(units):
-        shard = shards[u.shard]
-        if shard.name in names or (u.split and part_written(run.parts_dir(shard), u)):
-            out.add(i)
-    return out
+def next_unit(run: RunDir, claims: Claims, units: list[Unit], shards: dict[int, Shard], limit: int | None = None,
+              started: Iterable[int] = ()) -> int | None:
+    """Claim the next unit for this worker (:meth:`Claims.claim_next`, in input order), skipping
+    those it has ``started`` and those settled (:func:`unit_settled`, asked only of a unit about
+    to be taken, so a claim costs the same however many units are done); None when none is left."""
+    return claims.claim_next(range(len(units)), (), limit, started,
+                             is_settled=lambda i: unit_settled(run, shards, units[i]))
+
+
+def unit_settled(run: RunDir, shards: dict[int, Shard], unit: Unit) -> bool:
+    """Whether ``unit`` needs no more serving: its shard is done or failed, or (a part of a
+    split shard) its part is written; from that shard's own marks only."""
+    shard = shards[unit.shard]
+    return (run.done_path(shard).is_file() or run.failed_path(shard).is_file()
+            or (unit.split and part_written(run.parts_dir(shard), unit)))
 
 
 def assemble_ready(run: RunDir, claims: Claims, tokenizer: Any, progress: Progress | None = None,

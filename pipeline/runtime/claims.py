@@ -39,7 +39,7 @@ import socket
 import threading
 import time
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 from pipeline.io.atomic import temporary_name, write_json
 
@@ -64,18 +64,43 @@ class Claims:
         self.worker, self.dead_after_s = worker, dead_after_s
         self._seen: dict[str, tuple[Any, float]] = {}  # worker -> (heartbeat last read, when it changed)
         self._beat = 0
+        # What this worker has seen of the claims: a claim file is written once and never changed
+        # (linked from a complete temporary file), and within a launch none is removed, so what
+        # was read once stays true. unit -> (highest generation seen, worker named there or None
+        # when not read yet); the names read, by file name; whether the folder was listed once.
+        self._known: dict[int, tuple[int, str | None]] = {}
+        self._names: dict[str, str] = {}
+        self._listed = False
+        self._settled: set[int] = set()  # units is_settled said were settled (they stay so)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         (self.dir / "workers").mkdir(parents=True, exist_ok=True)
 
     # -- reading --------------------------------------------------------------------------------
     def holders(self) -> dict[int, tuple[int, str]]:
-        """Every claimed index -> (highest generation, worker named there)."""
-        return holders(self.dir.parent)
+        """Every claimed index -> (highest generation, worker named there): the folder listed,
+        each claim file read once by this worker (they never change)."""
+        held = holders(self.dir.parent, self._names)
+        self._known.update(held)
+        self._listed = True
+        return held
+
+    def holder(self, index: int) -> tuple[int, str] | None:
+        """(highest generation, worker named there) of unit ``index``, None when unclaimed: from
+        the unit's own claim files, without listing the folder (generations are made one after
+        another, so the highest is the first one missing, less one)."""
+        g, _ = self._known.get(index, (-1, None))
+        while os.path.lexists(self.dir / _name(index, g + 1)):
+            g += 1
+        if g < 0:
+            return None
+        worker = _read_worker(self.dir, _name(index, g), self._names)
+        self._known[index] = (g, worker)
+        return g, worker
 
     def holds(self, index: int) -> bool:
         """Whether this worker still holds unit ``index`` (the highest generation names it)."""
-        return self.holders().get(index, (0, ""))[1] == self.worker
+        return (self.holder(index) or (0, ""))[1] == self.worker
 
     def alive(self, worker: str) -> bool:
         """Whether ``worker``'s heartbeat changed within the last ``dead_after_s`` seconds of this
@@ -102,6 +127,8 @@ class Claims:
                                    "at": time.time()}))
         try:
             os.link(tmp, final)
+            self._known[index] = (generation, self.worker)
+            self._names[final.name] = self.worker
             return True
         except FileExistsError:
             return False
@@ -111,36 +138,68 @@ class Claims:
     def claim(self, index: int) -> bool:
         """Claim ``index`` alone: True when this worker holds it now (it did already, nobody
         did, or its holder is dead and this worker won the takeover)."""
-        held = self.holders().get(index)
+        held = self.holder(index)
         if held is None:
             return self._link(index, 0)
         generation, worker = held
         return worker == self.worker or (not self.alive(worker) and self._link(index, generation + 1))
 
     def claim_next(self, indices: Iterable[int], settled: Iterable[int] = (), limit: int | None = None,
-                   exclude: Iterable[int] = ()) -> int | None:
+                   exclude: Iterable[int] = (), is_settled: Callable[[int], bool] | None = None) -> int | None:
         """Claim the next unit to serve, in ``indices`` order, and return its index; None when
         nothing is left for this worker.
 
         Preference: a unit this worker already holds (a requeued task resumes its own), then one
         nobody holds, then one whose holder is dead (taken over). ``settled`` units (done or
-        failed) and ``exclude`` (those this worker is already serving) are skipped; at most
+        failed), those for which ``is_settled(index)`` is true (asked only of a unit about to be
+        taken; once true, taken to stay true) and ``exclude`` (those this worker is already serving) are skipped; at most
         ``limit`` units are ever held by this worker (``cluster.shards_per_task``; None: no limit).
+
+        The claims folder is listed on the first call, when ``limit`` is set, and when no unit is
+        free (to find dead holders); otherwise a call looks only at the claim files of units it
+        has not yet seen claimed, so a worker's calls over a run cost in all about one look at
+        each unit, not one per unit per call.
         """
         settled, exclude = set(settled), set(exclude)
-        order = [i for i in indices if i not in settled and i not in exclude]
-        holders = self.holders()
-        mine = {i for i, (_, w) in holders.items() if w == self.worker}
+        order = list(indices)
+
+        def skip(i: int) -> bool:
+            if i in settled or i in exclude or i in self._settled:
+                return True
+            if is_settled is not None and is_settled(i):
+                self._settled.add(i)  # done and failed marks are never removed within a launch
+                return True
+            return False
+
+        if not self._listed or limit is not None:
+            held_now = self.holders()
+            mine = {i for i, (_, w) in held_now.items() if w == self.worker}
+        else:
+            mine = {i for i, (_, w) in self._known.items() if w == self.worker}
         for i in order:
-            if i in mine:
+            if i in mine and not skip(i) and self.holds(i):
                 return i
         if limit is not None and len(mine) >= limit:
             return None
         for i in order:
-            if i not in holders and self._link(i, 0):
+            if i in self._known:
+                continue  # claimed: a claim is never removed within a launch
+            if os.path.lexists(self.dir / _name(i, 0)):
+                self._known[i] = (0, None)
+                continue
+            if not skip(i) and self._link(i, 0):
                 return i
+            if i not in self._known and os.path.lexists(self.dir / _name(i, 0)):
+                self._known[i] = (0, None)
+        holders = self.holders()
+        alive: dict[str, bool] = {}
         for i in order:
-            if i in holders and not self.alive(holders[i][1]) and self._link(i, holders[i][0] + 1):
+            if i not in holders:
+                continue
+            g, w = holders[i]
+            if w not in alive:
+                alive[w] = self.alive(w)
+            if not alive[w] and not skip(i) and self._link(i, g + 1):
                 return i
         return None
 
@@ -204,22 +263,32 @@ class LiveWorkers:
         return out
 
 
-def holders(run_path: str | os.PathLike) -> dict[int, tuple[int, str]]:
+def holders(run_path: str | os.PathLike, names: dict[str, str] | None = None) -> dict[int, tuple[int, str]]:
     """Every claimed index of the run at ``run_path`` -> (highest generation, worker named
-    there); {} before any claim. Reads only (``pipeline.status`` uses it)."""
+    there); {} before any claim. Reads only (``pipeline.status`` uses it). ``names``: claim file
+    name -> worker, the claims read before (a claim file never changes), added to."""
     folder = Path(run_path) / "claims"
     top: dict[int, int] = {}
     for name in (os.listdir(folder) if folder.is_dir() else ()):
         if m := _CLAIM.match(name):
             i, g = int(m.group(1)), int(m.group(2))
-            top[i] = max(top.get(i, -1), g)
-    out = {}
-    for i, g in top.items():
-        try:
-            out[i] = (g, json.loads((folder / _name(i, g)).read_text())["worker"])
-        except (OSError, ValueError, KeyError):
-            out[i] = (g, "")  # unreadable: a holder nobody can name counts as dead
-    return out
+            if g > top.get(i, -1):
+                top[i] = g
+    names = {} if names is None else names
+    return {i: (g, _read_worker(folder, _name(i, g), names)) for i, g in top.items()}
+
+
+def _read_worker(folder: Path, name: str, names: dict[str, str]) -> str:
+    """The worker named by claim file ``folder/name`` (read once into ``names``); "" when it
+    cannot be read: a holder nobody can name counts as dead (not remembered: read again next)."""
+    if name in names:
+        return names[name]
+    try:
+        worker = json.loads((folder / name).read_text())["worker"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return ""
+    names[name] = worker
+    return worker
 
 
 def _name(index: int, generation: int) -> str:

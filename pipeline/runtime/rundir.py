@@ -38,6 +38,23 @@ from pipeline.runtime.secret import create_secret, read_secret
 class RunDir:
     def __init__(self, path: str | os.PathLike):
         self.path = Path(path).resolve()
+        # shards.json parsed, its shards and units, and the file's (mtime, size, inode) then: it is
+        # written once per launch, and a worker asks for it once per unit (10^4 shards: 2 MB).
+        self._meta: tuple[tuple[int, int, int], dict[str, Any], list[Shard], list[Unit]] | None = None
+
+    def _shards_json(self) -> tuple[dict[str, Any], list[Shard], list[Unit]]:
+        """``shards.json`` (its content, shards and units), parsed again only when the file
+        changed (it is replaced whole, :func:`~pipeline.io.atomic.write_json`)."""
+        path = self.path / "shards.json"
+        st = path.stat()
+        key = (st.st_mtime_ns, st.st_size, st.st_ino)
+        if self._meta is None or self._meta[0] != key:
+            data = json.loads(path.read_text())
+            shards = [Shard(**s) for s in data["shards"]]
+            units = ([Unit(**u) for u in data["units"]] if "units" in data
+                     else [Unit(s["index"]) for s in data["shards"]])
+            self._meta = (key, data, shards, units)
+        return self._meta[1], self._meta[2], self._meta[3]
 
     # -- written once by the launcher ---------------------------------------------------------
     def create(self, cfg: Config, shards: list[Shard], output_dir: str, rows: int | None = None,
@@ -63,6 +80,7 @@ class RunDir:
         write_json(self.path / "shards.json", {"output": output_dir, "rows": rows, "sample_lists": lists,
                                                "shards": [asdict(s) for s in shards],
                                                "units": [asdict(u) for u in units]})
+        self._meta = None
 
     def secret(self) -> bytes:
         """The run's control-channel secret (``RUN_DIR/secret``, mode 0600)."""
@@ -72,15 +90,11 @@ class RunDir:
         return from_yaml(self.path / "config.yaml")
 
     def shards(self) -> list[Shard]:
-        data = json.loads((self.path / "shards.json").read_text())
-        return [Shard(**s) for s in data["shards"]]
+        return list(self._shards_json()[1])
 
     def units(self) -> list[Unit]:
         """The run's work units, in order (one per shard for a run directory written before units)."""
-        data = json.loads((self.path / "shards.json").read_text())
-        if "units" not in data:
-            return [Unit(s["index"]) for s in data["shards"]]
-        return [Unit(**u) for u in data["units"]]
+        return list(self._shards_json()[2])
 
     def parts_dir(self, shard: Shard) -> Path:
         """``RUN_DIR/parts/<shard name>/``: a split shard's parts, their marks and checkpoints."""
@@ -89,15 +103,17 @@ class RunDir:
     def sample_lists(self) -> bool:
         """Whether the run's sample columns are lists (several samples per prompt: ``job.sampling.n``
         > 1, or a request of an OpenAI batch file asks for them), decided at launch."""
-        meta = json.loads((self.path / "shards.json").read_text())
-        return bool(meta.get("sample_lists", self.config().job.sampling.n > 1))
+        meta = self._shards_json()[0]
+        if "sample_lists" in meta:  # not meta.get(..., default): the default parses config.yaml (0.1 s)
+            return bool(meta["sample_lists"])
+        return self.config().job.sampling.n > 1
 
     def output_dir(self) -> str:
-        return json.loads((self.path / "shards.json").read_text())["output"]
+        return self._shards_json()[0]["output"]
 
     def total_rows(self) -> int:
         """Input rows of the run, counted at launch (0 when not counted)."""
-        return json.loads((self.path / "shards.json").read_text()).get("rows") or 0
+        return self._shards_json()[0].get("rows") or 0
 
     @property
     def logs(self) -> Path:
@@ -152,9 +168,12 @@ class RunDir:
         """Record ``shard`` as done with its ``totals`` (rows, errors, tokens ...)."""
         write_json(self.done_path(shard), {"shard": shard.name, **totals})
 
+    def failed_path(self, shard: Shard) -> Path:
+        """``RUN_DIR/failed/<shard name>.json`` (see :meth:`done_path`)."""
+        return shard_path(self.path / "failed", shard.name, ".json")
+
     def mark_failed(self, shard: Shard, error: str, worker: str) -> None:
-        write_json(shard_path(self.path / "failed", shard.name, ".json"),
-                   {"shard": shard.name, "error": error, "worker": worker})
+        write_json(self.failed_path(shard), {"shard": shard.name, "error": error, "worker": worker})
 
     def _markers(self, sub: str) -> dict[str, dict[str, Any]]:
         """The markers under ``RUN_DIR/<sub>/`` by the shard name they record."""
