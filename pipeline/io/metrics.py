@@ -3,7 +3,10 @@
 ``RUN_DIR/metrics/requests/<shard name>/part-<n>.parquet`` (the shard name is its relative path): one row per served row (rows that
 became error rows before prefill, such as empty text, have no metrics). Written by the shard's
 owner each time it checkpoints a batch of finished rows, so a resumed run keeps the metrics of
-rows finished before the interruption. All times are wall-clock seconds since the epoch
+rows finished before the interruption. When the shard is done its parts are merged into one,
+``part-merged-<n>.parquet`` (:func:`compact_request_metrics`), so that a run directory holds a
+metrics file per shard, not one per ``job.checkpoint_rows`` rows; the merged file names the parts
+it replaces, and readers skip those until they are removed. All times are wall-clock seconds since the epoch
 (``time.time()``), so rows from different workers on one node line up; across nodes they are as
 good as the nodes' clock synchronisation (NTP: ~1 ms).
 
@@ -80,6 +83,7 @@ prefill and released when its decode ends.
 
 from __future__ import annotations
 
+import json
 import os
 import uuid
 from pathlib import Path
@@ -88,7 +92,7 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from pipeline.io.atomic import read_json, write_json, write_parquet
+from pipeline.io.atomic import atomic_write, read_json, write_json, write_parquet
 from pipeline.io.shards import run_files, shard_path
 
 if TYPE_CHECKING:
@@ -175,20 +179,86 @@ def write_request_metrics(run_path: Path, shard: str, records: list[dict[str, An
     write_parquet(table, shard_path(Path(run_path) / "metrics" / "requests", shard) / f"part-{uuid.uuid4().hex}.parquet")
 
 
-def read_request_metrics(run_path: Path) -> pa.Table:
-    """Every request metrics row of a run (an empty table with the schema when there is none)."""
+MERGED_PREFIX = "part-merged-"
+"""Name prefix of a shard's merged request metrics file (:func:`compact_request_metrics`)."""
+
+REPLACES_KEY = b"pd_pipeline.replaces"
+"""Key of a merged file's Parquet metadata: the JSON list of the part names it replaces."""
+
+MERGE_ROWS = 65536  # rows per row group of a merged file (and at most in memory while merging)
+
+
+def request_metrics_files(run_path: Path) -> list[Path]:
+    """The request metrics files of a run to read, sorted: every part, less those a merged file
+    beside it replaces (its merge ended, its parts not yet all removed)."""
     parts = run_files(Path(run_path) / "metrics" / "requests", "part-*.parquet", recursive=True)
+    replaced: set[Path] = set()
+    for p in parts:
+        if p.name.startswith(MERGED_PREFIX):
+            replaced.update(p.parent / name for name in _replaces(p))
+    return [p for p in parts if p not in replaced]
+
+
+def _replaces(path: Path) -> list[str]:
+    """The part names merged file ``path`` replaces (from its footer)."""
+    meta = pq.read_schema(path).metadata or {}
+    return json.loads(meta.get(REPLACES_KEY, b"[]"))
+
+
+def read_request_metrics(run_path: Path, columns: list[str] | None = None) -> pa.Table:
+    """Every request metrics row of a run (an empty table with the schema when there is none);
+    ``columns``: only these (None: all)."""
+    parts = request_metrics_files(run_path)
+    schema = REQUEST_SCHEMA if columns is None else pa.schema([REQUEST_SCHEMA.field(c) for c in columns])
     if not parts:
-        return REQUEST_SCHEMA.empty_table()
-    return pa.concat_tables([pq.read_table(p, schema=REQUEST_SCHEMA) for p in parts])
+        return schema.empty_table()
+    return pa.concat_tables([pq.read_table(p, schema=REQUEST_SCHEMA, columns=columns).cast(schema)
+                             for p in parts])
 
 
-def read_worker_metrics(run_path: Path) -> pa.Table:
-    """Every worker step row of a run (an empty table with the schema when there is none)."""
+def compact_request_metrics(run_path: Path, shard: str) -> int:
+    """Merge ``shard``'s request metrics parts (one per checkpoint batch) into one file,
+    ``part-merged-<n>.parquet``, in the order a reader reads them, and remove the parts; returns
+    the number of parts merged (0: one part or none, nothing to do). Call it once every row of
+    the shard has its metrics (the shard is done). The merged file names the parts it replaces
+    and :func:`request_metrics_files` skips them, so a reader never counts a row twice, whenever
+    this is stopped. Memory: at most :data:`MERGE_ROWS` rows at a time."""
+    folder = shard_path(Path(run_path) / "metrics" / "requests", shard)
+    present = run_files(folder, "part-*.parquet")
+    replaced = {name for p in present if p.name.startswith(MERGED_PREFIX) for name in _replaces(p)}
+    live = [p for p in present if p.name not in replaced]
+    if len(live) <= 1:
+        return 0
+    schema = REQUEST_SCHEMA.with_metadata({REPLACES_KEY: json.dumps([p.name for p in present]).encode()})
+    with atomic_write(folder / f"{MERGED_PREFIX}{uuid.uuid4().hex}.parquet") as f:
+        writer = pq.ParquetWriter(f, schema)
+        try:
+            buf: list[pa.Table] = []
+            rows = 0
+            for p in live:
+                t = pq.read_table(p, schema=REQUEST_SCHEMA)
+                buf.append(t)
+                rows += t.num_rows
+                if rows >= MERGE_ROWS:
+                    writer.write_table(pa.concat_tables(buf).cast(schema))
+                    buf, rows = [], 0
+            if buf:
+                writer.write_table(pa.concat_tables(buf).cast(schema))
+        finally:
+            writer.close()
+    for p in present:
+        p.unlink(missing_ok=True)
+    return len(live)
+
+
+def read_worker_metrics(run_path: Path, columns: list[str] | None = None) -> pa.Table:
+    """Every worker step row of a run (an empty table with the schema when there is none);
+    ``columns``: only these (None: all)."""
     parts = run_files(Path(run_path) / "metrics" / "workers", "*.parquet")
+    schema = WORKER_SCHEMA if columns is None else pa.schema([WORKER_SCHEMA.field(c) for c in columns])
     if not parts:
-        return WORKER_SCHEMA.empty_table()
-    return pa.concat_tables([pq.read_table(p, schema=WORKER_SCHEMA) for p in parts])
+        return schema.empty_table()
+    return pa.concat_tables([pq.read_table(p, schema=WORKER_SCHEMA, columns=columns).cast(schema) for p in parts])
 
 
 def write_dram_use(run_path: Path, worker: str, record: dict[str, Any]) -> None:

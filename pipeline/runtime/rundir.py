@@ -21,9 +21,11 @@ Layout::
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shutil
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -33,6 +35,38 @@ from pipeline.io.atomic import write_json
 from pipeline.io.shards import Shard, run_files, shard_path
 from pipeline.io.units import Unit
 from pipeline.runtime.secret import create_secret, read_secret
+
+log = logging.getLogger(__name__)
+
+_merger: tuple[int, ThreadPoolExecutor] | None = None  # (pid, executor): this process's metrics merges, in turn
+
+
+def _executor() -> ThreadPoolExecutor:
+    global _merger
+    if _merger is None or _merger[0] != os.getpid():  # a forked child has no thread of its parent's
+        _merger = (os.getpid(), ThreadPoolExecutor(max_workers=1, thread_name_prefix="metrics-merge"))
+    return _merger[1]
+
+
+def _merge_later(run_path: Path, shard: str) -> Future:
+    return _executor().submit(_merge, run_path, shard)
+
+
+def _merge(run_path: Path, shard: str) -> int:
+    from pipeline.io.metrics import compact_request_metrics
+
+    try:
+        return compact_request_metrics(run_path, shard)
+    except Exception as exc:  # OSError, ArrowException ...: the parts stay valid
+        log.warning("request metrics of %s left in parts: %s: %s", shard, type(exc).__name__, exc)
+        return 0
+
+
+def wait_for_merges() -> None:
+    """Wait until every request metrics merge this process started (:meth:`RunDir.mark_done`)
+    has ended."""
+    if _merger is not None and _merger[0] == os.getpid():
+        _merger[1].submit(lambda: None).result()
 
 
 class RunDir:
@@ -121,16 +155,17 @@ class RunDir:
 
     # -- decode endpoints ---------------------------------------------------------------------
     def publish_decode(self, rank: int, endpoint: str, worker: str, kv_capacity_tokens: int | None = None,
-                       dram_capacity_tokens: int | None = None, stopped: bool = False) -> None:
+                       dram_capacity_tokens: int | None = None, stopped: bool = False, serving: int = 0) -> None:
         """Publish (or refresh: the time written is the worker's heartbeat) a decode endpoint.
         ``kv_capacity_tokens``: the tokens its KV cache holds (blocks x block size), which
         prefill workers route by; ``dram_capacity_tokens``: the tokens its DRAM tier holds
         (slots x block size; None without one); ``stopped``: its last, written as it stops
-        serving (a rank lost with its node never writes it)."""
+        serving (a rank lost with its node never writes it); ``serving``: hand-offs it is
+        serving as it writes (requests)."""
         write_json(self.path / "decode" / f"rank-{rank}.json",
                    {"endpoint": endpoint, "worker": worker, "heartbeat": time.time(),
                     "kv_capacity_tokens": kv_capacity_tokens, "dram_capacity_tokens": dram_capacity_tokens,
-                    "stopped": stopped})
+                    "stopped": stopped, "serving": serving})
 
     def record_lost_decode(self, lost: dict[int, str]) -> None:
         """``RUN_DIR/decode/lost.json``: decode rank -> worker, each rank the launcher saw lost
@@ -164,9 +199,16 @@ class RunDir:
         """``RUN_DIR/checkpoints/<shard name>/``: the shard's row checkpoints."""
         return shard_path(self.path / "checkpoints", shard.name)
 
-    def mark_done(self, shard: Shard, totals: dict[str, Any]) -> None:
-        """Record ``shard`` as done with its ``totals`` (rows, errors, tokens ...)."""
+    def mark_done(self, shard: Shard, totals: dict[str, Any]) -> Future:
+        """Record ``shard`` as done with its ``totals`` (rows, errors, tokens ...), then merge its
+        request metrics parts (one per checkpoint batch, every row's written by now) into one file
+        (:func:`~pipeline.io.metrics.compact_request_metrics`) in this process's background
+        thread, so that the caller's event loop does not wait for it (about 1 ms a part); returns
+        the merge's future. Readers read the parts, or the merged file, or both while it runs,
+        each row once; a merge that fails, or a process that ends before its merges ran (they
+        run before a normal exit), leaves the parts, which readers read as before."""
         write_json(self.done_path(shard), {"shard": shard.name, **totals})
+        return _merge_later(self.path, shard.name)
 
     def failed_path(self, shard: Shard) -> Path:
         """``RUN_DIR/failed/<shard name>.json`` (see :meth:`done_path`)."""
