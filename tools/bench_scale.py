@@ -289,10 +289,39 @@ def synthesize(run_path: Path, records: int, shards: int, prefill: int, decode: 
     write_json(run_path / "jobs.json", {"array_tasks": [str(100 + k) for k in range(prefill)],
                                         "decode": [str(200 + k) for k in range(decode)]})
     write_json(run_path / "summary.json", {"rows": records, "wall_s": end - T0, "synthesized": True})
-    return {"records": records, "shards": shards, "workers": len(pws) + len(dws), "tokens_per_record": tokens,
+    import pipeline.runtime.rundir as rundir_mod
+
+    t = time.perf_counter()
+    if hasattr(rundir_mod, "wait_for_merges"):  # the code merges each done shard's metrics parts
+        rundir_mod.wait_for_merges()
+    waited = time.perf_counter() - t
+    return {"merge_wait_s": waited, "records": records, "shards": shards, "workers": len(pws) + len(dws), "tokens_per_record": tokens,
             "checkpoint_rows": checkpoint_rows, "request_metric_files": metric_files, "worker_steps": steps,
             "files": sum(len(f) for _, _, f in os.walk(run_path)),
             "bytes": sum(os.path.getsize(os.path.join(d, x)) for d, _, f in os.walk(run_path) for x in f)}
+
+
+def merge_cost(path: Path, rows: int, checkpoint_rows: int, tokens: int) -> dict | None:
+    """Seconds the code takes to merge one done shard's request metrics, ``rows`` records in
+    parts of ``checkpoint_rows`` (None where the code does not merge them)."""
+    import pipeline.io.metrics as metrics
+
+    if not hasattr(metrics, "compact_request_metrics"):
+        return None
+    synthesize(path / "run", rows, 1, 1, 1, tokens, checkpoint_rows)  # merged as it is marked done
+    folder = path / "run" / "metrics" / "requests" / "part-00000.parquet"
+    merged = next(folder.glob("part-merged-*.parquet"), None)
+    if merged is None:  # one part: nothing to merge
+        return {"rows": rows, "parts": 0, "s": 0.0}
+    import pyarrow.parquet as pq
+
+    table = pq.read_table(merged)
+    merged.unlink()
+    for k in range(0, rows, checkpoint_rows):  # the parts again, as the owner wrote them
+        pq.write_table(table.slice(k, checkpoint_rows), folder / f"part-{os.urandom(16).hex()}.parquet")
+    t = time.perf_counter()
+    parts = metrics.compact_request_metrics(path / "run", "part-00000.parquet")
+    return {"rows": rows, "parts": parts, "s": time.perf_counter() - t}
 
 
 def timed_child(cmd: list[str], env: dict[str, str], cwd: Path) -> dict:
@@ -310,10 +339,13 @@ def timed_child(cmd: list[str], env: dict[str, str], cwd: Path) -> dict:
 
 def bench_records(args, work_dir: Path, env: dict[str, str]) -> dict:
     run_path = work_dir / "run"
+    for old in ("run", "output", "merge", "report"):  # a kept folder of an earlier run: start afresh
+        shutil.rmtree(work_dir / old, ignore_errors=True)
     t = time.perf_counter()
     made = synthesize(run_path, args.records, args.shards, args.prefill, args.decode, args.tokens,
                       args.checkpoint_rows)
     made["synthesize_s"] = time.perf_counter() - t
+    made["merge"] = merge_cost(work_dir / "merge", args.merge_rows, args.checkpoint_rows, args.tokens)
     print(f"synthesized: {made}", file=sys.stderr, flush=True)
     cwd = Path(args.code).resolve() if args.code else ROOT
     res: dict[str, list[dict]] = {"status": [], "report": []}
@@ -397,6 +429,8 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--checkpoint-rows", type=int, default=4,
                    help="records per metrics part file (job.checkpoint_rows; default the job's default)")
     r.add_argument("--repeats", type=int, default=3)
+    r.add_argument("--merge-rows", type=int, default=1000,
+                   help="rows of the shard whose metrics merge is timed apart (as a worker does it once the shard is done)")
     r.add_argument("--keep", metavar="DIR", help="synthesize into DIR and keep it")
     g = sub.add_parser("growth", help="files of each kind in run directories")
     g.add_argument("run_dirs", nargs="*", metavar="RUN_DIR")
@@ -444,6 +478,10 @@ def main(argv: list[str] | None = None) -> int:
                   f"{made['workers']} workers, {made['request_metric_files']} request metrics files "
                   f"({made['checkpoint_rows']} records each), {made['worker_steps']} worker steps; run directory "
                   f"{made['files']} files, {made['bytes'] / 2**20:.0f} MiB; {args.repeats} repeat(s), medians\n")
+            mg = made.get("merge")
+            if mg:
+                print(f"merging one done shard's request metrics ({mg['rows']} records in {mg['parts']} parts), "
+                      f"as its worker does in the background: {mg['s']:.2f} s\n")
             print(md_table(["command", "wall s", "CPU s", "peak RSS MiB"],
                            [[f"python -m pipeline.{w}", f"{_median(m[w], 'wall_s'):.2f}", f"{_median(m[w], 'cpu_s'):.2f}",
                              f"{_median(m[w], 'peak_rss_mib'):.0f}"] for w in ("status", "report")], "lrrr"))

@@ -18,9 +18,17 @@ and ``RUN_DIR/metrics/workers/``) and, when present, ``RUN_DIR/summary.json``, a
     drawn (the title says so);
 ``latency.png``
     TTFT and ITL distributions (histogram and empirical CDF; ITL on a log axis), p50/p99 marked;
+    a CDF of more than :data:`pipeline.report.plots.ECDF_MAX_POINTS` values is drawn through
+    that many of them, evenly spaced in rank;
 ``utilisation.png``
     per worker over time: running batch size (solid) and KV cache usage (dashed), one panel per
-    role (prefill / decode / colocated).
+    role (prefill / decode / colocated); a worker of more than
+    :data:`pipeline.report.plots.UTILISATION_MAX_POINTS` steps is drawn through that many equal
+    spans of its time, each at its steps' largest value (the title says so).
+
+The report reads the metrics in columns (:class:`pipeline.report.load.Requests`), a file at a
+time, and computes every statistic over every value with numpy, no Python object per value
+(its time and memory at 10^6 requests: ``tools/bench_scale.py records``, BENCHMARKS.md).
 
 With ``--compare OTHER_RUN_DIR`` it also writes ``compare.json`` and ``compare.png``
 (:func:`pipeline.report.compare.compare_reports`: RUN_DIR is "a", OTHER_RUN_DIR is "b"), e.g. a

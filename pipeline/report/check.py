@@ -21,39 +21,48 @@ from pipeline.runtime.rundir import RunDir
 COLUMNS = ["error", "prompt_tokens", "output_tokens"]
 
 
-def _counts(rows: list[dict]) -> dict[str, int]:
-    served = [r for r in rows if r["error"] is None]
-    return {"requests": len(served), "prompt_tokens": sum(r["prompt_tokens"] or 0 for r in served),
-            "output_tokens": sum(r["output_tokens"] or 0 for r in served),
-            "errors": len(rows) - len(served)}
+def _counts(table: Any) -> dict[str, int]:
+    """Rows without an error (``requests``) and their prompt and output tokens, and rows with
+    one (``errors``), of a table with :data:`COLUMNS`."""
+    import pyarrow.compute as pc
+
+    served = table.filter(pc.is_null(table.column("error")))
+    return {"requests": served.num_rows,
+            "prompt_tokens": int(pc.sum(served.column("prompt_tokens")).as_py() or 0),
+            "output_tokens": int(pc.sum(served.column("output_tokens")).as_py() or 0),
+            "errors": table.num_rows - served.num_rows}
 
 
-def check_against_output(run: Path, cols: dict[str, list]) -> dict[str, Any]:
-    """The request metrics ``cols`` (columns by name, as :func:`pipeline.report.load.load_run`
-    reads them) against the output shards of the shards done in ``run``. Returns ``{"shards":
-    number of output shards read, "mismatches": ["requests 4000 in the request metrics, 2000
-    in the output", ...]}`` (``requests``, ``prompt_tokens`` and ``output_tokens`` of the rows
-    without an error; ``errors`` only when the metrics hold more), and ``"unreadable"`` (why)
-    when the output could not be read, in which case nothing was compared. A run in progress is
-    compared on its finished shards only."""
+def check_against_output(run: Path, cols: Any) -> dict[str, Any]:
+    """The request metrics ``cols`` (:class:`pipeline.report.load.Requests`, as
+    :func:`pipeline.report.load.load_run` reads them) against the output shards of the shards
+    done in ``run``. Returns ``{"shards": number of output shards read, "mismatches": ["requests
+    4000 in the request metrics, 2000 in the output", ...]}`` (``requests``, ``prompt_tokens``
+    and ``output_tokens`` of the rows without an error; ``errors`` only when the metrics hold
+    more), and ``"unreadable"`` (why) when the output could not be read, in which case nothing
+    was compared. A run in progress is compared on its finished shards only. Each output shard
+    is read for its three columns and counted, one at a time."""
     import fsspec
+    import pyarrow as pa
+    import pyarrow.compute as pc
     import pyarrow.parquet as pq
 
     rundir = RunDir(run)
     done = rundir.done()
     if not done:
         return {"shards": 0, "mismatches": []}
+    want = dict.fromkeys(("requests", "prompt_tokens", "output_tokens", "errors"), 0)
     try:
         out_dir = rundir.output_dir().rstrip("/")
-        output = []
         for name in done:
             with fsspec.open(f"{out_dir}/{output_name(name)}", "rb") as f:
-                output += pq.read_table(f, columns=COLUMNS).to_pylist()
+                for k, v in _counts(pq.read_table(f, columns=COLUMNS)).items():
+                    want[k] += v
     except (OSError, ValueError, KeyError) as exc:  # moved, deleted or unreachable; an old run dir
         return {"shards": 0, "mismatches": [], "unreadable": f"{type(exc).__name__}: {exc}"}
-    mine = [i for i, shard in enumerate(cols["shard"]) if shard in done]
-    got = _counts([{c: cols[c][i] for c in COLUMNS} for i in mine])
-    want = _counts(output)
+    table = cols.table.select(["shard", *COLUMNS])
+    mine = pc.is_in(table.column("shard").cast(pa.string()), value_set=pa.array(list(done), pa.string()))
+    got = _counts(table.filter(mine))
     mismatches = [f"{key.replace('_', ' ')} {got[key]} in the request metrics, {want[key]} in the output"
                   for key in ("requests", "prompt_tokens", "output_tokens") if got[key] != want[key]]
     if got["errors"] > want["errors"]:

@@ -8,7 +8,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from pipeline.report.summary import column, percentile, token_times
+from pipeline.report.summary import _numbers, column, percentile, worker_groups
 from pipeline.report.text import ms
 
 TIMELINE_MAX_ROWS = 500
@@ -16,6 +16,10 @@ TIMELINE_MAX_ROWS = 500
 
 ZERO_GAP_PLOT_S = 1e-5
 """Where log-scale ITL plots draw gaps of 0 s (tokens that arrived together)."""
+
+ECDF_MAX_POINTS = 20000
+"""An empirical CDF of more values is drawn through this many of them, evenly spaced in rank
+(the first and the last always), which a plot cannot tell from all of them."""
 
 _COLORS = {"queue": "#cccccc", "prefill": "#1f77b4", "handoff": "#ff7f0e", "token": "#333333",
            "stall": "#d62728"}
@@ -30,16 +34,23 @@ def _plt():
     return plt
 
 
-def _ecdf(ax, values: np.ndarray, label: str, **kw) -> None:
-    v = np.sort(values)
+def _ecdf(ax, values: np.ndarray, label: str, presorted: bool = False, floor: float | None = None, **kw) -> None:
+    """The empirical CDF of ``values`` (``presorted``: already in order), through at most
+    :data:`ECDF_MAX_POINTS` of them; ``floor``: values below it drawn at it (a log axis)."""
+    v = values if presorted else np.sort(values)
     if v.size == 0:
         return
-    ax.step(v, np.arange(1, v.size + 1) / v.size, where="post", label=label, **kw)
+    rank = np.arange(1, v.size + 1)
+    if v.size > ECDF_MAX_POINTS:
+        rank = np.unique(np.linspace(1, v.size, ECDF_MAX_POINTS).round().astype(np.int64))
+    x = v[rank - 1]
+    ax.step(x if floor is None else np.maximum(x, floor), rank / v.size, where="post", label=label, **kw)
 
 
-def _mark(ax, values: np.ndarray, unit_scale: float = 1.0, unit: str = "s") -> None:
+def _mark(ax, values: np.ndarray, unit_scale: float = 1.0, unit: str = "s",
+          marks: dict[int, float | None] | None = None) -> None:
     for q, style in ((50, "--"), (99, ":")):
-        p = percentile(values, q)
+        p = percentile(values, q) if marks is None else marks[q]
         if p is not None:
             ax.axvline(max(p, ZERO_GAP_PLOT_S) if ax.get_xscale() == "log" else p, color="k",
                        linestyle=style, linewidth=1,
@@ -67,7 +78,6 @@ def plot_timeline(cols: dict[str, list], path: Path, stall_s: float, start: floa
     if sub:
         order = order[np.unique(np.linspace(0, n - 1, max_rows).round().astype(int))]
     rows = int(order.size)
-    tts = token_times(cols)
     ra, ps, pe = column(cols, "read_at"), column(cols, "prefill_start"), column(cols, "prefill_end")
 
     height = min(3.0 + 0.03 * rows, 18.0)
@@ -76,7 +86,7 @@ def plot_timeline(cols: dict[str, list], path: Path, stall_s: float, start: floa
     queue, prefill, handoff, stalls = [], [], [], []
     tick_x, tick_y = [], []
     for y, i in enumerate(order):
-        tt = tts[i] - start
+        tt = cols.token_times(i) - start
         first = tt[0] if tt.size else np.nan
         a, b, c = ra[i] - start, ps[i] - start, pe[i] - start
         if np.isfinite(a) and np.isfinite(b) and b > a:
@@ -127,16 +137,17 @@ def plot_timeline(cols: dict[str, list], path: Path, stall_s: float, start: floa
     return rows
 
 
-def _log_itl(itl: np.ndarray) -> np.ndarray:
-    return np.maximum(itl, ZERO_GAP_PLOT_S)
-
-
 def plot_latency(lat: dict[str, np.ndarray], path: Path, stall_s: float) -> None:
     """TTFT (linear) and ITL (log x) histograms and CDFs, p50/p99 marked."""
     plt = _plt()
     fig, axes = plt.subplots(2, 2, figsize=(12, 8))
     ttft, itl = lat["ttft"], lat["itl"]
-    zeros = int((itl == 0).sum())
+    zeros = int(np.count_nonzero(itl == 0))
+    # ITL: its marks, then sorted, in its own memory (lat's gaps are this plot's: 10^6 requests of
+    # 32 tokens hold 250 MB of them); drawn through ECDF_MAX_POINTS and counted into 60 bins.
+    itl_marks = dict(zip((50, 99), np.percentile(itl, (50, 99), overwrite_input=True).tolist())) \
+        if itl.size else {50: None, 99: None}
+    itl.sort()
     ax = axes[0, 0]
     if ttft.size:
         ax.hist(ttft, bins=min(50, max(5, ttft.size)), color=_COLORS["prefill"], alpha=0.8)
@@ -152,17 +163,19 @@ def plot_latency(lat: dict[str, np.ndarray], path: Path, stall_s: float) -> None
     ax = axes[0, 1]
     ax.set_xscale("log")
     if itl.size:
-        v = _log_itl(itl)
-        lo, hi = v.min(), v.max()
+        lo, hi = max(itl[0], ZERO_GAP_PLOT_S), max(itl[-1], ZERO_GAP_PLOT_S)
         bins = np.logspace(np.log10(lo), np.log10(hi * 1.0001 if hi > lo else lo * 10), 60)
-        ax.hist(v, bins=bins, color=_COLORS["handoff"], alpha=0.8)
-    _mark(ax, itl, 1e3, "ms")
+        below = int(np.searchsorted(itl, ZERO_GAP_PLOT_S))  # drawn at ZERO_GAP_PLOT_S: the first bin
+        counts = np.histogram(itl[below:], bins=bins)[0]
+        counts[0] += below
+        ax.hist(bins[:-1], bins=bins, weights=counts, color=_COLORS["handoff"], alpha=0.8)
+    _mark(ax, itl, 1e3, "ms", itl_marks)
     ax.axvline(stall_s, color=_COLORS["stall"], linewidth=1, label=f"stall threshold {stall_s * 1e3:g} ms")
     ax.set(title=f"ITL histogram ({itl.size} gaps{zero_note})", xlabel="ITL (s, log)", ylabel="gaps")
     ax = axes[1, 1]
     ax.set_xscale("log")
-    _ecdf(ax, _log_itl(itl), "ITL", color=_COLORS["handoff"])
-    _mark(ax, itl, 1e3, "ms")
+    _ecdf(ax, itl, "ITL", presorted=True, floor=ZERO_GAP_PLOT_S, color=_COLORS["handoff"])
+    _mark(ax, itl, 1e3, "ms", itl_marks)
     ax.axvline(stall_s, color=_COLORS["stall"], linewidth=1, label=f"stall threshold {stall_s * 1e3:g} ms")
     ax.set(title="ITL CDF", xlabel="ITL (s, log)", ylabel="fraction of gaps", ylim=(0, 1.02))
     for ax in axes.flat:
@@ -174,14 +187,32 @@ def plot_latency(lat: dict[str, np.ndarray], path: Path, stall_s: float) -> None
     plt.close(fig)
 
 
+UTILISATION_MAX_POINTS = 4000
+"""A worker with more steps is drawn through this many equal spans of its time, each at the most
+of its steps there (the peaks stay; a 12-inch plot cannot show more)."""
+
+
+def _envelope(t: np.ndarray, *series: np.ndarray) -> tuple[np.ndarray, ...]:
+    """``t`` (sorted) cut into :data:`UTILISATION_MAX_POINTS` equal spans: each non-empty span's
+    first time, and each series' largest value in it (NaN where all are NaN)."""
+    edges = np.linspace(t[0], t[-1], UTILISATION_MAX_POINTS + 1)
+    starts = np.unique(np.searchsorted(t, edges[:-1], side="left"))
+    starts = starts[starts < t.size]
+    out = [t[starts]]
+    for s in series:
+        filled = np.where(np.isnan(s), -np.inf, s)
+        m = np.maximum.reduceat(filled, starts)
+        out.append(np.where(np.isneginf(m), np.nan, m))
+    return tuple(out)
+
+
 def plot_utilisation(workers: Any, path: Path, start: float) -> None:
     """One panel per role: running batch size per worker (solid, left axis) and KV cache usage
     (dashed, right axis, %), over seconds since run start."""
     plt = _plt()
-    cols = workers.to_pydict() if workers is not None and workers.num_rows else None
-    roles = sorted({r for r in cols["role"] if r is not None}, key=lambda r: (
-        ["prefill", "decode", "colocated"].index(r) if r in ("prefill", "decode", "colocated") else 9, r)) \
-        if cols else []
+    groups = worker_groups(workers)
+    roles = sorted({r for _, r in groups if r is not None}, key=lambda r: (
+        ["prefill", "decode", "colocated"].index(r) if r in ("prefill", "decode", "colocated") else 9, r))
     fig, axes = plt.subplots(max(1, len(roles)), 1, figsize=(12, 3.2 * max(1, len(roles))),
                              squeeze=False, sharex=True)
     if not roles:
@@ -190,32 +221,35 @@ def plot_utilisation(workers: Any, path: Path, start: float) -> None:
                 transform=ax.transAxes)
         ax.set_axis_off()
     cmap = plt.get_cmap("tab10")
-    groups: dict[tuple, list[int]] = {}
-    for i, key in enumerate(zip(cols["worker"], cols["role"]) if cols else ()):
-        groups.setdefault(key, []).append(i)
+    if groups:
+        t_all, run_all = _numbers(workers, "t"), _numbers(workers, "running")
+        kv_all = _numbers(workers, "kv_cache_usage")
     for ax, role in zip(axes[:, 0], roles):
+        thinned = False
         ax2 = ax.twinx()
         names = sorted(w for (w, r) in groups if r == role)
         for k, name in enumerate(names):
             idx = groups[(name, role)]
-            t = np.array([cols["t"][i] for i in idx], dtype=np.float64)
+            t = t_all[idx]
             o = np.argsort(t, kind="stable")
             t = t[o] - start
-            run = np.array([np.nan if cols["running"][i] is None else cols["running"][i] for i in idx])[o]
-            kv = np.array([np.nan if cols["kv_cache_usage"][i] is None else cols["kv_cache_usage"][i]
-                           for i in idx])[o]
+            run = run_all[idx][o]
+            kv = kv_all[idx][o]
+            if t.size > UTILISATION_MAX_POINTS:
+                t, run, kv = _envelope(t, run, kv)
+                thinned = True
             color = cmap(k % 10)
             ax.step(t, run, where="post", color=color, linewidth=1, label=f"{name} running")
             ax2.step(t, kv * 100, where="post", color=color, linewidth=1, linestyle="--", alpha=0.7,
                      label=f"{name} KV cache")
         ax.set_ylabel("running requests")
-        vals = np.array([np.nan if cols["running"][i] is None else cols["running"][i]
-                         for name in names for i in groups[(name, role)]], dtype=np.float64)
+        vals = np.concatenate([run_all[groups[(name, role)]] for name in names]) if names else np.zeros(0)
         top = float(np.nanmax(vals)) if np.isfinite(vals).any() else 1.0
         ax.set_ylim(0, max(1.0, top) * 1.1)
         ax2.set_ylabel("KV cache usage (%)")
         ax2.set_ylim(0, 110)
-        ax.set_title(f"{role} workers: batch size (solid) and KV cache usage (dashed)")
+        ax.set_title(f"{role} workers: batch size (solid) and KV cache usage (dashed)"
+                     + (f"; each the most of its steps in {UTILISATION_MAX_POINTS} spans" if thinned else ""))
         ax.grid(alpha=0.3)
         h1, l1 = ax.get_legend_handles_labels()
         h2, l2 = ax2.get_legend_handles_labels()
@@ -238,7 +272,7 @@ def plot_compare(reports: list[dict], lats: list[dict], labels: Sequence[str], p
     ax = axes[0]
     ax.set_xscale("log")
     for lat, lab, c, rep in zip(lats, labels, colors, reports):
-        _ecdf(ax, _log_itl(lat["itl"]), f"{lab} (p99 {ms(rep['itl_p99_s'])})", color=c)
+        _ecdf(ax, lat["itl"], f"{lab} (p99 {ms(rep['itl_p99_s'])})", floor=ZERO_GAP_PLOT_S, color=c)
     ax.axvline(stall_s, color=_COLORS["stall"], linewidth=1, label=f"stall {stall_s * 1e3:g} ms")
     ax.set(title="ITL CDF", xlabel="ITL (s, log)", ylabel="fraction of gaps", ylim=(0, 1.02))
     ax = axes[1]

@@ -8,11 +8,13 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
 
 from pipeline.io.metrics import busy_seconds
 from pipeline.report.check import check_against_output
-from pipeline.report.load import load_run
-from pipeline.roles.recompute import kv_counts
+from pipeline.report.load import Requests, load_run
+from pipeline.roles.recompute import add_counts, kv_counts
 
 STALL_S = 0.060
 """Default stall threshold: an ITL gap longer than this (seconds) is a stall."""
@@ -40,50 +42,107 @@ def _max(values: np.ndarray) -> float | None:
     return json_float(values.max()) if values.size else None
 
 
-def column(cols: dict[str, list], name: str) -> np.ndarray:
+def column(cols: Requests, name: str) -> np.ndarray:
     """A numeric column as float64 with NaN for nulls."""
-    return np.array([np.nan if v is None else v for v in cols[name]], dtype=np.float64)
+    col = cols.table.column(name)
+    if col.num_chunks == 0:
+        return np.zeros(0)
+    return np.asarray(col.to_numpy(zero_copy_only=False), dtype=np.float64)
 
 
-def token_times(cols: dict[str, list]) -> list[np.ndarray]:
-    """Each request's ``token_times`` as a float64 array (empty for null)."""
-    return [np.asarray(tt if tt is not None else [], dtype=np.float64) for tt in cols["token_times"]]
+def first_last(cols: Requests) -> tuple[np.ndarray, np.ndarray]:
+    """Each request's first and last token time (NaN for a request without tokens)."""
+    counts = cols.counts()
+    has = counts > 0
+    first = np.full(counts.size, np.nan)
+    last = np.full(counts.size, np.nan)
+    first[has] = cols.values[cols.offsets[:-1][has]]
+    last[has] = cols.values[cols.offsets[1:][has] - 1]
+    return first, last
 
 
-def run_start(cols: dict[str, list], workers: Any = None) -> float:
+def itl_gaps(cols: Requests) -> np.ndarray:
+    """Every request's gaps between consecutive token times, pooled in request order (the
+    differences within each request; none across two requests)."""
+    v = cols.values
+    if v.size < 2:
+        return np.zeros(0)
+    keep = np.ones(v.size - 1, dtype=bool)
+    ends = cols.offsets[1:-1] - 1  # the last token of every request but the last one
+    keep[ends[(ends >= 0) & (ends < v.size - 1)]] = False
+    gaps = np.diff(v)
+    return gaps[keep]
+
+
+def run_start(cols: Requests, workers: Any = None) -> float:
     """Epoch seconds of the run start: the earliest ``read_at`` (else prefill_start, first token,
     first worker step)."""
     for name in ("read_at", "prefill_start"):
         v = column(cols, name)
         if np.isfinite(v).any():
             return float(np.nanmin(v))
-    firsts = [tt[0] for tt in token_times(cols) if tt.size]
-    if firsts:
-        return float(min(firsts))
+    first, _ = first_last(cols)
+    if np.isfinite(first).any():
+        return float(np.nanmin(first))
     if workers is not None and workers.num_rows:
-        return float(min(t for t in workers.column("t").to_pylist() if t is not None))
+        t = np.asarray(workers.column("t").to_numpy(zero_copy_only=False), dtype=np.float64)
+        return float(np.nanmin(t))
     return 0.0
 
 
-def latencies(cols: dict[str, list]) -> dict[str, np.ndarray]:
+def latencies(cols: Requests) -> dict[str, np.ndarray]:
     """The raw values behind the statistics (definitions in :mod:`pipeline.report`): ``ttft``,
-    ``itl`` (pooled), ``itl_per_request`` (a list), ``handoff``, ``queue`` and ``prefill``."""
-    tts = token_times(cols)
-    first = np.array([tt[0] if tt.size else np.nan for tt in tts])
+    ``itl`` (pooled), ``handoff``, ``queue`` and ``prefill``."""
+    first, _ = first_last(cols)
     ps, pe, ra = column(cols, "prefill_start"), column(cols, "prefill_end"), column(cols, "read_at")
 
     def ok(a: np.ndarray) -> np.ndarray:
         return a[np.isfinite(a)]
 
-    gaps = [np.diff(tt) for tt in tts if tt.size > 1]
     return {
         "ttft": ok(first - ps),
-        "itl": np.concatenate(gaps) if gaps else np.zeros(0),
-        "itl_per_request": [np.diff(tt) if tt.size > 1 else np.zeros(0) for tt in tts],
+        "itl": itl_gaps(cols),
         "handoff": ok(first - pe),
         "queue": ok(ps - ra),
         "prefill": ok(pe - ps),
     }
+
+
+def stalls(cols: Requests, stall_s: float) -> tuple[int, int]:
+    """(ITL gaps longer than ``stall_s``, requests with at least one)."""
+    v = cols.values
+    if v.size < 2:
+        return 0, 0
+    over = np.diff(v) > stall_s
+    ends = cols.offsets[1:-1] - 1
+    over[ends[(ends >= 0) & (ends < v.size - 1)]] = False
+    where = np.flatnonzero(over)
+    requests = np.unique(np.searchsorted(cols.offsets, where, side="right") - 1)
+    return int(where.size), int(requests.size)
+
+
+def _numbers(table: Any, name: str) -> np.ndarray:
+    return np.asarray(table.column(name).to_numpy(zero_copy_only=False), dtype=np.float64)
+
+
+def _codes(col: Any) -> tuple[np.ndarray, list[Any]]:
+    """A column's values as codes (numpy int64) and the values they stand for (null is one)."""
+    enc = pc.dictionary_encode(col.combine_chunks() if hasattr(col, "combine_chunks") else col)
+    idx = np.asarray(pc.fill_null(enc.indices, -1).to_numpy(zero_copy_only=False), dtype=np.int64)
+    return idx, enc.dictionary.to_pylist() + [None]  # code -1 picks the last: None
+
+
+def worker_groups(workers: Any) -> dict[tuple[Any, Any], np.ndarray]:
+    """(worker, role) -> the indices of its step rows, in table order."""
+    if workers is None or workers.num_rows == 0:
+        return {}
+    (w, wnames), (r, rnames) = _codes(workers.column("worker")), _codes(workers.column("role"))
+    code = (w + 1) * (len(rnames) + 1) + (r + 1)
+    order = np.argsort(code, kind="stable")
+    uniq, first = np.unique(code[order], return_index=True)
+    bounds = [*first.tolist(), code.size]
+    return {(wnames[c // (len(rnames) + 1) - 1], rnames[c % (len(rnames) + 1) - 1]): order[bounds[k]:bounds[k + 1]]
+            for k, c in enumerate(uniq.tolist())}
 
 
 def worker_stats(workers: Any) -> dict[str, dict[str, Any]]:
@@ -95,17 +154,22 @@ def worker_stats(workers: Any) -> dict[str, dict[str, Any]]:
     out: dict[str, dict[str, Any]] = {}
     if workers is None or workers.num_rows == 0:
         return out
-    cols = workers.to_pydict()
-    by: dict[str, list[int]] = {}
-    for i, w in enumerate(cols["worker"]):
-        by.setdefault(w, []).append(i)
-    for w, idx in sorted(by.items(), key=lambda kv: str(kv[0])):
-        t = np.array([cols["t"][i] for i in idx], dtype=np.float64)
+    by: dict[Any, list[np.ndarray]] = {}
+    roles_of: dict[Any, set] = {}
+    for (w, r), idx in worker_groups(workers).items():
+        by.setdefault(w, []).append(idx)
+        roles_of.setdefault(w, set()).add(r)
+    t_all, run_all, kv_all = _numbers(workers, "t"), _numbers(workers, "running"), _numbers(workers, "kv_cache_usage")
+    names = workers.column_names
+    q_all = np.nan_to_num(_numbers(workers, "prefix_cache_queries")) if "prefix_cache_queries" in names else None
+    h_all = np.nan_to_num(_numbers(workers, "prefix_cache_hits")) if "prefix_cache_hits" in names else None
+    for w, parts in sorted(by.items(), key=lambda kv: str(kv[0])):
+        idx = np.sort(np.concatenate(parts))
+        t = t_all[idx]
         order = np.argsort(t, kind="stable")
         t = t[order]
-        running = np.array([cols["running"][i] for i in idx], dtype=np.float64)[order]
-        kv = np.array([np.nan if cols["kv_cache_usage"][i] is None else cols["kv_cache_usage"][i]
-                       for i in idx], dtype=np.float64)[order]
+        running = run_all[idx][order]
+        kv = kv_all[idx][order]
         known = np.isfinite(running)
         # A row without scheduler stats keeps the previous row's state.
         if not known.all():
@@ -119,12 +183,12 @@ def worker_stats(workers: Any) -> dict[str, dict[str, Any]]:
         dt = np.diff(t)
         busy = float(dt[np.nan_to_num(running[:-1]) > 0].sum()) if t.size > 1 else 0.0
         active = running[np.nan_to_num(running) > 0]
-        roles = {cols["role"][i] for i in idx}
-        queries = int(sum(cols["prefix_cache_queries"][i] or 0 for i in idx)) if "prefix_cache_queries" in cols else 0
-        hits = int(sum(cols["prefix_cache_hits"][i] or 0 for i in idx)) if "prefix_cache_hits" in cols else 0
+        roles = roles_of[w]
+        queries = int(q_all[idx].sum()) if q_all is not None else 0
+        hits = int(h_all[idx].sum()) if h_all is not None else 0
         out[str(w)] = {
             "role": sorted(r for r in roles if r is not None)[0] if roles - {None} else None,
-            "steps": len(idx),
+            "steps": int(idx.size),
             "span_s": span,
             "busy_s": busy,
             "busy_fraction": busy / span if span > 0 else None,
@@ -175,46 +239,57 @@ def summarize_run(run_path: str | Path, stall_s: float = STALL_S) -> dict[str, A
     return summarize(Path(run_path), cols, workers, run_summary, stall_s)
 
 
-def _prefill_busy(ws: dict[str, dict[str, Any]], cols: dict[str, list]) -> None:
+def _prefill_busy(ws: dict[str, dict[str, Any]], cols: Requests) -> None:
     """A prefill worker's busy time is also the union of its rows' prefills (``prefill_start``
     to ``prefill_end``, within its span): a prefill usually starts and ends inside one engine
     step, so no step's ``running`` sees it. The larger of the two counts."""
-    for w, st in ws.items():
-        if st["role"] != "prefill" or not st["span_s"]:
-            continue
-        t = [(a, b) for a, b, pw in zip(cols["prefill_start"], cols["prefill_end"], cols["prefill_worker"])
-             if pw == w and a is not None and b is not None]
-        busy = busy_seconds(t)
+    todo = [w for w, st in ws.items() if st["role"] == "prefill" and st["span_s"]]
+    if not todo:
+        return
+    ps, pe = column(cols, "prefill_start"), column(cols, "prefill_end")
+    pw = cols.table.column("prefill_worker").cast(pa.string())
+    for w in todo:
+        st = ws[w]
+        mine = np.asarray(pc.fill_null(pc.equal(pw, w), False).to_numpy(zero_copy_only=False), dtype=bool)
+        mine &= np.isfinite(ps) & np.isfinite(pe)
+        busy = busy_seconds(list(zip(ps[mine].tolist(), pe[mine].tolist())))
         if busy > st["busy_s"]:
             st["busy_s"] = min(busy, st["span_s"])
             st["busy_fraction"] = st["busy_s"] / st["span_s"]
 
 
-def _sum_int(cols: dict[str, list], name: str) -> int:
-    return int(sum(v for v in cols[name] if v is not None))
+def _sum_int(cols: Requests, name: str) -> int:
+    return int(pc.sum(cols.table.column(name)).as_py() or 0)
 
 
-def summarize(run: Path, cols: dict[str, list], workers: Any, run_summary: dict | None,
+def _decode_kv(cols: Requests) -> dict[str, int]:
+    """:func:`kv_counts` over every request, a record batch at a time."""
+    t = cols.table.select(["decode_worker", "error", "prompt_tokens", "kv_tokens", "prefill_end"])
+    total = add_counts(None, None)
+    for batch in t.to_batches(max_chunksize=65536):
+        c = batch.to_pydict()
+        total = add_counts(total, kv_counts(zip(c["decode_worker"], c["error"], c["prompt_tokens"], c["kv_tokens"],
+                                                (v is not None for v in c["prefill_end"]))))
+    return total
+
+
+def summarize(run: Path, cols: Requests, workers: Any, run_summary: dict | None,
               stall_s: float) -> dict[str, Any]:
     """:func:`summarize_run` of a run already read by :func:`pipeline.report.load.load_run`."""
-    lat = latencies(cols)
-    n = len(cols["key"])
+    n = len(cols)
     start = run_start(cols, workers)
-    lasts = [tt[-1] for tt in token_times(cols) if tt.size]
-    wall = float(max(lasts) - start) if lasts else 0.0
+    _, last = first_last(cols)
+    wall = float(np.nanmax(last) - start) if np.isfinite(last).any() else 0.0
     output_tokens = _sum_int(cols, "output_tokens")
     prompt_tokens = _sum_int(cols, "prompt_tokens")
     cached = _sum_int(cols, "prefix_cached_tokens")
-    itl = lat["itl"]
-    stall_counts = [int((g > stall_s).sum()) for g in lat["itl_per_request"]]
-    disagg = any(v is not None for v in cols["decode_worker"]) or \
-        any(v is not None for v in cols["prefill_end"])
+    n_stalls, stalled = stalls(cols, stall_s)
+    disagg = cols.table.column("decode_worker").null_count < n or cols.table.column("prefill_end").null_count < n
     ws = worker_stats(workers)
     _prefill_busy(ws, cols)
     running_all = np.zeros(0)
     if workers is not None and workers.num_rows:
-        r = np.array([np.nan if v is None else v for v in workers.column("running").to_pylist()],
-                     dtype=np.float64)
+        r = _numbers(workers, "running")
         running_all = r[np.nan_to_num(r) > 0]
     kv_max = [w["max_kv_cache_usage"] for w in ws.values() if w["max_kv_cache_usage"] is not None]
     batch_max = [w["max_batch_size"] for w in ws.values() if w["max_batch_size"] is not None]
@@ -225,29 +300,38 @@ def summarize(run: Path, cols: dict[str, list], workers: Any, run_summary: dict 
         "stall_threshold_s": float(stall_s),
         "percentile_method": f"numpy.percentile(method={PERCENTILE_METHOD!r})",
         "requests": n,
-        "errors": sum(1 for e in cols["error"] if e is not None),
+        "errors": n - cols.table.column("error").null_count,
         "prompt_tokens": prompt_tokens,
         "output_tokens": output_tokens,
         "wall_s": wall,
         "output_tokens_per_s": output_tokens / wall if wall > 0 else None,
         "checked_against_output": check_against_output(run, cols),
     }
-    for name, key in (("ttft", "ttft"), ("itl", "itl")):
-        for q in (50, 90, 99):
-            out[f"{key}_p{q}_s"] = percentile(lat[name], q)
-        out[f"{key}_max_s"] = _max(lat[name])
-    out["itl_gaps"] = int(itl.size)
-    out["itl_zero_gaps"] = int((itl == 0).sum())
+    lat = latencies(cols)
+    itl = lat.pop("itl")
+    gaps, zeros, itl_max = int(itl.size), int(np.count_nonzero(itl == 0)), _max(itl)
+    # The percentiles in one call, in the gaps' own memory (10^6 requests of 32 tokens: 250 MB,
+    # not needed after), as numpy.percentile of them would give them.
+    itl_ps = (np.percentile(itl, (50, 90, 99), method=PERCENTILE_METHOD, overwrite_input=True).tolist()
+              if itl.size else [None] * 3)
+    del itl
+    for q in (50, 90, 99):
+        out[f"ttft_p{q}_s"] = percentile(lat["ttft"], q)
+    out["ttft_max_s"] = _max(lat["ttft"])
+    for q, v in zip((50, 90, 99), itl_ps):
+        out[f"itl_p{q}_s"] = json_float(v)
+    out["itl_max_s"] = itl_max
+    out["itl_gaps"] = gaps
+    out["itl_zero_gaps"] = zeros
     for name, key in (("handoff", "kv_handoff"), ("queue", "queue_wait"), ("prefill", "prefill")):
         for q in (50, 99):
             out[f"{key}_p{q}_s"] = percentile(lat[name], q)
     out.update({
         "kv_total_bytes": _sum_int(cols, "kv_bytes"),
         "kv_tokens": _sum_int(cols, "kv_tokens"),
-        "decode_kv": kv_counts(zip(cols["decode_worker"], cols["error"], cols["prompt_tokens"], cols["kv_tokens"],
-                                   (v is not None for v in cols["prefill_end"]))),
-        "stalls": int(sum(stall_counts)),
-        "requests_with_stalls": int(sum(1 for c in stall_counts if c)),
+        "decode_kv": _decode_kv(cols),
+        "stalls": n_stalls,
+        "requests_with_stalls": stalled,
         # The run's median ITL above the threshold: most steps are "stalls", the count says
         # nothing (pipeline.report.text.stalls_text says so instead of printing it).
         "itl_p50_above_stall_threshold": bool(out["itl_p50_s"] is not None and out["itl_p50_s"] > stall_s),
