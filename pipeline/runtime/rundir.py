@@ -225,10 +225,10 @@ class RunDir:
             out[data["shard"]] = data
         return out
 
-    def failed(self) -> dict[str, dict[str, Any]]:
+    def failed(self, done: dict[str, Any] | None = None) -> dict[str, dict[str, Any]]:
         """Shards that failed as a whole (unreadable, unwritable), by name; a later success of
-        the same shard (a re-run) wins."""
-        done = self.done()
+        the same shard (a re-run) wins. ``done``: :meth:`done`, when the caller has read it."""
+        done = self.done() if done is None else done
         return {name: f for name, f in self._markers("failed").items() if name not in done}
 
     def done(self) -> dict[str, dict[str, Any]]:
