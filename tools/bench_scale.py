@@ -1,11 +1,12 @@
 """What the pipeline's own bookkeeping costs at scale, without engines (issue #39 sections 1-2):
 work claims, ``status`` and the report over a million request records, the run directory's growth.
 
-Three sub-commands, each printing Markdown and the machine::
+Four sub-commands, each printing Markdown and the machine::
 
     .venv/bin/python tools/bench_scale.py claims  [--units 10000] [--claimants 32] [--repeats 1]
     .venv/bin/python tools/bench_scale.py records [--records 1000000] [--shards 1000] [--prefill 8]
                                                   [--decode 8] [--tokens 32] [--repeats 3]
+    .venv/bin/python tools/bench_scale.py checkpoints [--rows 2000] [--every 4,64]
     .venv/bin/python tools/bench_scale.py growth  [RUN_DIR ...]
 
 - **claims**: a run directory of ``--units`` shards (one unit each; the shards are never read),
@@ -21,8 +22,11 @@ Three sub-commands, each printing Markdown and the machine::
   write them with every checkpoint batch, per-worker step metrics parts every
   ``FLUSH_EVERY_S``, ``summary.json``) holding ``--records`` request records over ``--shards``
   shards and ``--prefill`` + ``--decode`` workers; no engine ran. Then ``python -m
-  pipeline.status RUN_DIR`` and ``python -m pipeline.report RUN_DIR`` are timed, each in a
-  child process whose peak RSS is its own (``wait4``).
+  pipeline.status RUN_DIR`` and ``python -m pipeline.report RUN_DIR`` are timed, each under
+  ``/usr/bin/time -v`` for its own peak RSS.
+- **checkpoints**: a shard owner's row checkpoints and request metrics per row (no engine):
+  rows through the real :class:`~pipeline.io.checkpoint.RowCheckpoint` at each
+  ``job.checkpoint_rows``.
 - **growth**: the files of each kind in run directories (a real run's, or one made by
   ``records``), and what each kind grows with.
 
@@ -325,16 +329,17 @@ def merge_cost(path: Path, rows: int, checkpoint_rows: int, tokens: int) -> dict
 
 
 def timed_child(cmd: list[str], env: dict[str, str], cwd: Path) -> dict:
-    """Run ``cmd``; its wall time, CPU time and peak RSS (``wait4``: this child's own)."""
-    t0 = time.perf_counter()
-    p = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    out, err = b"", b""
-    _, status, ru = os.wait4(p.pid, 0)
-    wall = time.perf_counter() - t0
-    out, err = p.stdout.read(), p.stderr.read()
-    p.returncode = os.waitstatus_to_exitcode(status)
-    return {"wall_s": wall, "cpu_s": ru.ru_utime + ru.ru_stime, "peak_rss_mib": ru.ru_maxrss / 1024,
-            "rc": p.returncode, "stdout": out.decode(errors="replace"), "stderr": err.decode(errors="replace")}
+    """Run ``cmd`` under ``/usr/bin/time -v``: its wall time, CPU time and peak RSS (the
+    command's own: a child forked from this process would count this process's memory too)."""
+    with tempfile.NamedTemporaryFile("r", suffix=".time") as tf:
+        t0 = time.perf_counter()
+        p = subprocess.run(["/usr/bin/time", "-v", "-o", tf.name, *cmd], cwd=cwd, env=env, capture_output=True,
+                           text=True)
+        wall = time.perf_counter() - t0
+        info = dict(ln.strip().rsplit(": ", 1) for ln in Path(tf.name).read_text().splitlines() if ": " in ln)
+    return {"wall_s": wall, "cpu_s": float(info["User time (seconds)"]) + float(info["System time (seconds)"]),
+            "peak_rss_mib": int(info["Maximum resident set size (kbytes)"]) / 1024, "rc": p.returncode,
+            "stdout": p.stdout, "stderr": p.stderr}
 
 
 def bench_records(args, work_dir: Path, env: dict[str, str]) -> dict:
@@ -360,6 +365,41 @@ def bench_records(args, work_dir: Path, env: dict[str, str]) -> dict:
                   f"{m['peak_rss_mib']:.0f} MiB", file=sys.stderr, flush=True)
             res[what].append(m)
     return {"made": made, **res}
+
+
+# -- checkpoints ----------------------------------------------------------------------------------
+def bench_checkpoints(rows: int, every: int, tokens: int, work_dir: Path) -> dict:
+    """What a shard owner's row checkpoints cost per row, without engines: ``rows`` finished rows
+    of ``tokens`` output tokens through :class:`~pipeline.io.checkpoint.RowCheckpoint` (a
+    checkpoint file per ``every`` rows, their request metrics written with each, as
+    ``ShardOwner`` sets it up). Wall and CPU time per row (this process's, its threads' included),
+    files written."""
+    import asyncio
+
+    from pipeline.io.checkpoint import RowCheckpoint
+    from pipeline.io.metrics import request_record, write_request_metrics
+    from pipeline.io.output import RowResult
+
+    run_path = work_dir / f"ckpt-{every}"
+    folder = run_path / "checkpoints" / "s0.parquet"
+    ckpt = RowCheckpoint(folder, every, with_batch=lambda recs: write_request_metrics(run_path, "s0.parquet", recs))
+    t = time.time()
+    results = [RowResult(generation="x" * 40, generation_token_ids=list(range(tokens)), finish_reason="length",
+                         prompt_tokens=50, output_tokens=tokens, prefill_worker="colocated-0@h", prefill_start=t,
+                         token_times=[t + 0.01 * k for k in range(tokens)]) for _ in range(rows)]
+    files = 0
+
+    async def serve() -> None:
+        for r, res in enumerate(results):
+            await ckpt.add(r, res, request_record(res, key=f"0:{r}", shard="s0.parquet", row=r, read_at=t))
+        await ckpt.flush()
+
+    c0, w0 = time.process_time(), time.perf_counter()
+    asyncio.run(serve())
+    wall, cpu = time.perf_counter() - w0, time.process_time() - c0
+    files = sum(len(f) for _, _, f in os.walk(run_path))
+    return {"rows": rows, "every": every, "wall_ms_per_row": 1e3 * wall / rows, "cpu_ms_per_row": 1e3 * cpu / rows,
+            "files": files}
 
 
 # -- growth ---------------------------------------------------------------------------------------
@@ -432,9 +472,14 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--merge-rows", type=int, default=1000,
                    help="rows of the shard whose metrics merge is timed apart (as a worker does it once the shard is done)")
     r.add_argument("--keep", metavar="DIR", help="synthesize into DIR and keep it")
+    k = sub.add_parser("checkpoints", help="a shard owner's row checkpoints and request metrics, per row")
+    k.add_argument("--rows", type=int, default=2000)
+    k.add_argument("--every", default="4,64", help="comma-separated job.checkpoint_rows values")
+    k.add_argument("--tokens", type=int, default=32)
+    k.add_argument("--repeats", type=int, default=3)
     g = sub.add_parser("growth", help="files of each kind in run directories")
     g.add_argument("run_dirs", nargs="*", metavar="RUN_DIR")
-    for p in (c, r):
+    for p in (c, r, k):
         p.add_argument("--code", metavar="DIR", help="import pipeline from DIR (another commit's export)")
         p.add_argument("--json", metavar="FILE", help="also write the figures as JSON")
     args = ap.parse_args(argv)
@@ -452,7 +497,22 @@ def main(argv: list[str] | None = None) -> int:
     code = args.code or "this checkout"
     with tempfile.TemporaryDirectory(prefix="hS-bench-scale-") as tmp:
         work = Path(args.keep) if getattr(args, "keep", None) else Path(tmp)
-        if args.what == "claims":
+        if args.what == "checkpoints":
+            table, result = [], {"checkpoints": []}
+            for every in (int(x) for x in args.every.split(",")):
+                runs = []
+                for rep in range(args.repeats):
+                    d = work / f"ck-{every}-{rep}"
+                    runs.append(bench_checkpoints(args.rows, every, args.tokens, d))
+                    shutil.rmtree(d, ignore_errors=True)
+                result["checkpoints"] += runs
+                table.append([every, args.rows, f"{_median(runs, 'wall_ms_per_row'):.3f}",
+                              f"{_median(runs, 'cpu_ms_per_row'):.3f}", runs[-1]["files"]])
+            print(f"row checkpoints and request metrics ({code}), no engine: {args.rows} rows of {args.tokens} "
+                  f"tokens; {args.repeats} repeats, medians\n")
+            print(md_table(["job.checkpoint_rows", "rows", "wall ms/row", "CPU ms/row", "files written"], table,
+                           "rrrrr"))
+        elif args.what == "claims":
             runs = []
             for k in range(args.repeats):
                 d = work / f"claims-{k}"
