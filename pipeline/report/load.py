@@ -61,23 +61,37 @@ def read_requests(run: Path) -> Requests:
     keep = [f.name for f in REQUEST_SCHEMA if f.name not in ("key", "token_times")]
     schema = pa.schema([REQUEST_SCHEMA.field(c).with_type(pa.dictionary(pa.int32(), pa.string()))
                         if c in STRING_COLUMNS[:3] else REQUEST_SCHEMA.field(c) for c in keep])
-    tables, values, lengths = [], [], []
-    for path in request_metrics_files(run):
+    files = request_metrics_files(run)
+    # The token times go straight into one array, sized from the files' footers (a list
+    # column's leaf entries: at least its values), so they are never held twice.
+    flat = np.empty(sum(_token_entries(p) for p in files), dtype=np.float64)
+    tables, lengths, at = [], [], 0
+    for path in files:
         t = pq.read_table(path, schema=REQUEST_SCHEMA, columns=keep + ["token_times"])
-        tt = t.column("token_times")
-        for chunk in tt.chunks:
+        for chunk in t.column("token_times").chunks:
             lengths.append(pc.fill_null(pc.list_value_length(chunk), 0).to_numpy(zero_copy_only=False))
-            values.append(pc.list_flatten(chunk).to_numpy(zero_copy_only=False).astype(np.float64, copy=False))
+            v = pc.list_flatten(chunk).to_numpy(zero_copy_only=False)
+            if at + v.size > flat.size:  # a footer that undercounts: grow
+                flat = np.concatenate([flat[:at], np.empty(at + v.size - flat.size + flat.size // 2)])
+            flat[at:at + v.size] = v
+            at += v.size
         tables.append(t.drop_columns(["token_times"]).cast(schema))
-        del t, tt
+        del t
     table = pa.concat_tables(tables) if tables else schema.empty_table()
     del tables
     counts = np.concatenate(lengths).astype(np.int64) if lengths else np.zeros(0, np.int64)
     offsets = np.zeros(counts.size + 1, np.int64)
     np.cumsum(counts, out=offsets[1:])
-    flat = np.concatenate(values) if values else np.zeros(0)
-    del values
-    return Requests(table, flat, offsets)
+    return Requests(table, flat[:at], offsets)
+
+
+def _token_entries(path: Path) -> int:
+    """Leaf entries of ``token_times`` in a request metrics file, from its footer (0 without)."""
+    import pyarrow.parquet as pq
+
+    md = pq.read_metadata(path)
+    cols = [i for i in range(md.num_columns) if md.schema.column(i).path.startswith("token_times.")]
+    return sum(md.row_group(g).column(i).num_values for g in range(md.num_row_groups) for i in cols)
 
 
 def load_run(run_path: str | Path) -> tuple[Requests, Any, dict[str, Any] | None]:

@@ -62,16 +62,19 @@ def first_last(cols: Requests) -> tuple[np.ndarray, np.ndarray]:
 
 
 def itl_gaps(cols: Requests) -> np.ndarray:
-    """Every request's gaps between consecutive token times, pooled in request order (the
-    differences within each request; none across two requests)."""
+    """Every request's gaps between consecutive token times, pooled and sorted (the differences
+    within each request; none across two requests). In one array of their size: the differences
+    across requests are made NaN, which sorting puts last, and cut off (10^6 requests of 32
+    tokens: 250 MB, not twice that)."""
     v = cols.values
     if v.size < 2:
         return np.zeros(0)
-    keep = np.ones(v.size - 1, dtype=bool)
-    ends = cols.offsets[1:-1] - 1  # the last token of every request but the last one
-    keep[ends[(ends >= 0) & (ends < v.size - 1)]] = False
     gaps = np.diff(v)
-    return gaps[keep]
+    ends = cols.offsets[1:-1] - 1  # the last token of every request but the last one
+    ends = np.unique(ends[(ends >= 0) & (ends < v.size - 1)])
+    gaps[ends] = np.nan
+    gaps.sort()
+    return gaps[:gaps.size - ends.size]
 
 
 def run_start(cols: Requests, workers: Any = None) -> float:
