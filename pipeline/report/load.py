@@ -16,7 +16,8 @@ def one_line(exc: BaseException) -> str:
 
 class Requests:
     """A run's request metrics as the report reads them, in columns: ``table`` (pyarrow, every
-    column but ``key`` and ``token_times``; worker and shard names dictionary-encoded) and the
+    column but ``key``, ``token_times`` and :data:`UNUSED_COLUMNS`; worker and shard names
+    dictionary-encoded) and the
     token times apart, all requests' in one float64 array ``values`` (request i's are
     ``values[offsets[i]:offsets[i + 1]]``; a null list is empty). Read file by file, so that
     memory holds the columns once, not a Python object per value (issue #39: 10^6 requests of
@@ -41,6 +42,9 @@ class Requests:
 
 STRING_COLUMNS = ["shard", "prefill_worker", "decode_worker", "error"]
 
+UNUSED_COLUMNS = ("row", "decode_arrived_at", "tries", "capacity_wait_s")
+"""Request metrics columns no figure of the report uses (not read)."""
+
 WORKER_COLUMNS = ["worker", "role", "t", "running", "kv_cache_usage", "prefix_cache_queries", "prefix_cache_hits"]
 """The worker step columns the report reads (:data:`pipeline.io.metrics.WORKER_SCHEMA`)."""
 
@@ -58,7 +62,7 @@ def read_requests(run: Path) -> Requests:
 
     from pipeline.io.metrics import REQUEST_SCHEMA, request_metrics_files
 
-    keep = [f.name for f in REQUEST_SCHEMA if f.name not in ("key", "token_times")]
+    keep = [f.name for f in REQUEST_SCHEMA if f.name not in ("key", "token_times") + UNUSED_COLUMNS]
     schema = pa.schema([REQUEST_SCHEMA.field(c).with_type(pa.dictionary(pa.int32(), pa.string()))
                         if c in STRING_COLUMNS[:3] else REQUEST_SCHEMA.field(c) for c in keep])
     files = request_metrics_files(run)
@@ -125,6 +129,9 @@ def load_run(run_path: str | Path) -> tuple[Requests, Any, dict[str, Any] | None
         raise ValueError(f"request metrics in {req_dir} hold no rows")
     try:
         workers = read_worker_metrics(run, WORKER_COLUMNS)
+        names = pa.dictionary(pa.int32(), pa.string())  # one step a row: the names once each
+        workers = workers.cast(pa.schema([f.with_type(names) if f.name in ("worker", "role") else f
+                                          for f in workers.schema]))
     except (pa.ArrowException, OSError, ValueError, KeyError, TypeError) as exc:
         raise ValueError(f"unreadable worker metrics in {run / 'metrics' / 'workers'}: "
                          f"{one_line(exc)}") from None

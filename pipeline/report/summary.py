@@ -130,6 +130,8 @@ def _numbers(table: Any, name: str) -> np.ndarray:
 
 def _codes(col: Any) -> tuple[np.ndarray, list[Any]]:
     """A column's values as codes (numpy int64) and the values they stand for (null is one)."""
+    if pa.types.is_dictionary(col.type):
+        col = col.cast(pa.string())
     enc = pc.dictionary_encode(col.combine_chunks() if hasattr(col, "combine_chunks") else col)
     idx = np.asarray(pc.fill_null(enc.indices, -1).to_numpy(zero_copy_only=False), dtype=np.int64)
     return idx, enc.dictionary.to_pylist() + [None]  # code -1 picks the last: None
