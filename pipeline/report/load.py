@@ -15,29 +15,43 @@ def one_line(exc: BaseException) -> str:
 
 
 class Requests:
-    """A run's request metrics as the report reads them, in columns: ``table`` (pyarrow, every
-    column but ``key``, ``token_times`` and :data:`UNUSED_COLUMNS`; worker and shard names
-    dictionary-encoded) and the
-    token times apart, all requests' in one float64 array ``values`` (request i's are
-    ``values[offsets[i]:offsets[i + 1]]``; a null list is empty). Read file by file, so that
-    memory holds the columns once, not a Python object per value (issue #39: 10^6 requests of
-    32 tokens)."""
+    """A run's request metrics as the report reads them, in columns (issue #39: 10^6 requests of
+    32 tokens in well under 1 GiB): ``table`` (pyarrow: every column but ``key``,
+    ``token_times`` and :data:`UNUSED_COLUMNS`; worker and shard names dictionary-encoded) and,
+    from the token times, numpy arrays: per request ``counts`` (tokens timed; a null list has
+    none), ``first`` and ``last`` (its first and last token's time, NaN without) and
+    ``max_gap`` (its longest gap between consecutive tokens, NaN under two tokens); and
+    ``gaps``, every request's gaps pooled (their order is not kept: readers sort them in place).
+    The token times themselves are not kept: :meth:`token_times_of` reads those of a few
+    requests again (the timeline's)."""
 
-    def __init__(self, table: Any, values: Any, offsets: Any):
-        self.table, self.values, self.offsets = table, values, offsets
+    def __init__(self, table: Any, counts: Any, first: Any, last: Any, max_gap: Any, gaps: Any,
+                 files: list[Path], file_of: Any, row_in_file: Any):
+        self.table, self.counts, self.first, self.last, self.max_gap, self.gaps = (
+            table, counts, first, last, max_gap, gaps)
+        self.files, self.file_of, self.row_in_file = files, file_of, row_in_file
 
     def __len__(self) -> int:
         return self.table.num_rows
 
-    def counts(self) -> Any:
-        """Tokens timed per request (numpy int64)."""
+    def token_times_of(self, indices: Any) -> dict[int, Any]:
+        """Request index -> its token times (numpy float64), for ``indices``: read again from
+        their files, one file at a time."""
         import numpy as np
+        import pyarrow.compute as pc
+        import pyarrow.parquet as pq
 
-        return np.diff(self.offsets)
+        from pipeline.io.metrics import REQUEST_SCHEMA
 
-    def token_times(self, i: int) -> Any:
-        """Request ``i``'s token times (a numpy view)."""
-        return self.values[self.offsets[i]:self.offsets[i + 1]]
+        out: dict[int, Any] = {}
+        idx = np.asarray(indices, dtype=np.int64)
+        for f in np.unique(self.file_of[idx]):
+            mine = idx[self.file_of[idx] == f]
+            col = pq.read_table(self.files[f], schema=REQUEST_SCHEMA, columns=["token_times"]).column(0)
+            rows = col.take(self.row_in_file[mine])
+            for i, tt in zip(mine.tolist(), rows.to_pylist()):
+                out[i] = np.asarray(tt if tt is not None else [], dtype=np.float64)
+        return out
 
 
 STRING_COLUMNS = ["shard", "prefill_worker", "decode_worker", "error"]
@@ -49,8 +63,34 @@ WORKER_COLUMNS = ["worker", "role", "t", "running", "kv_cache_usage", "prefix_ca
 """The worker step columns the report reads (:data:`pipeline.io.metrics.WORKER_SCHEMA`)."""
 
 
+def _token_stats(values: Any, counts: Any) -> tuple[Any, Any, Any, Any]:
+    """Per request first and last token time and longest gap, and the pooled gaps, of token
+    times ``values`` (numpy, all requests' in turn) of requests of ``counts`` tokens."""
+    import numpy as np
+
+    n = counts.size
+    offsets = np.zeros(n + 1, np.int64)
+    np.cumsum(counts, out=offsets[1:])
+    has = counts > 0
+    first, last, max_gap = np.full(n, np.nan), np.full(n, np.nan), np.full(n, np.nan)
+    first[has] = values[offsets[:-1][has]]
+    last[has] = values[offsets[1:][has] - 1]
+    if values.size < 2:
+        return first, last, max_gap, np.zeros(0)
+    keep = np.ones(values.size - 1, dtype=bool)
+    ends = offsets[1:-1] - 1  # the last token of each request but the last: no gap after it
+    keep[ends[(ends >= 0) & (ends < values.size - 1)]] = False
+    gaps = np.diff(values)[keep]
+    two = counts > 1
+    if two.any():
+        starts = np.concatenate([[0], np.cumsum(np.maximum(counts - 1, 0))])[:-1]
+        max_gap[two] = np.maximum.reduceat(gaps, starts[two])
+    return first, last, max_gap, gaps
+
+
 def read_requests(run: Path) -> Requests:
-    """:class:`Requests` of the run at ``run`` (see :func:`pipeline.io.metrics.request_metrics_files`).
+    """:class:`Requests` of the run at ``run`` (see :func:`pipeline.io.metrics.request_metrics_files`),
+    a file at a time.
 
     Raises:
         pyarrow.ArrowException, OSError, ValueError: a file cannot be read.
@@ -66,27 +106,32 @@ def read_requests(run: Path) -> Requests:
     schema = pa.schema([REQUEST_SCHEMA.field(c).with_type(pa.dictionary(pa.int32(), pa.string()))
                         if c in STRING_COLUMNS[:3] else REQUEST_SCHEMA.field(c) for c in keep])
     files = request_metrics_files(run)
-    # The token times go straight into one array, sized from the files' footers (a list
-    # column's leaf entries: at least its values), so they are never held twice.
-    flat = np.empty(sum(_token_entries(p) for p in files), dtype=np.float64)
-    tables, lengths, at = [], [], 0
-    for path in files:
+    # The gaps go straight into one array, sized from the files' footers (a list column's leaf
+    # entries: at least its values, so at least the gaps), so they are never held twice.
+    pooled = np.empty(sum(_token_entries(p) for p in files), dtype=np.float64)
+    tables, per_request, at = [], [], 0
+    for k, path in enumerate(files):
         t = pq.read_table(path, schema=REQUEST_SCHEMA, columns=keep + ["token_times"])
-        for chunk in t.column("token_times").chunks:
-            lengths.append(pc.fill_null(pc.list_value_length(chunk), 0).to_numpy(zero_copy_only=False))
-            v = pc.list_flatten(chunk).to_numpy(zero_copy_only=False)
-            if at + v.size > flat.size:  # a footer that undercounts: grow
-                flat = np.concatenate([flat[:at], np.empty(at + v.size - flat.size + flat.size // 2)])
-            flat[at:at + v.size] = v
-            at += v.size
+        tt = t.column("token_times")
+        counts = (np.concatenate([pc.fill_null(pc.list_value_length(c), 0).to_numpy(zero_copy_only=False)
+                                  for c in tt.chunks]) if tt.num_chunks else np.zeros(0)).astype(np.int64)
+        values = (np.concatenate([pc.list_flatten(c).to_numpy(zero_copy_only=False) for c in tt.chunks])
+                  if tt.num_chunks else np.zeros(0)).astype(np.float64, copy=False)
+        first, last, max_gap, gaps = _token_stats(values, counts)
+        if at + gaps.size > pooled.size:  # a footer that undercounts: grow
+            pooled = np.concatenate([pooled[:at], np.empty(at + gaps.size - pooled.size + pooled.size // 2)])
+        pooled[at:at + gaps.size] = gaps
+        at += gaps.size
+        per_request.append((counts, first, last, max_gap, np.full(counts.size, k, np.int32),
+                            np.arange(counts.size, dtype=np.int32)))
         tables.append(t.drop_columns(["token_times"]).cast(schema))
-        del t
+        del t, tt, values, gaps
     table = pa.concat_tables(tables) if tables else schema.empty_table()
     del tables
-    counts = np.concatenate(lengths).astype(np.int64) if lengths else np.zeros(0, np.int64)
-    offsets = np.zeros(counts.size + 1, np.int64)
-    np.cumsum(counts, out=offsets[1:])
-    return Requests(table, flat[:at], offsets)
+    cols = [np.concatenate(c) if per_request else np.zeros(0) for c in zip(*per_request)] if per_request \
+        else [np.zeros(0, np.int64), np.zeros(0), np.zeros(0), np.zeros(0), np.zeros(0, np.int32), np.zeros(0, np.int32)]
+    counts, first, last, max_gap, file_of, row_in_file = cols
+    return Requests(table, counts, first, last, max_gap, pooled[:at], files, file_of, row_in_file)
 
 
 def _token_entries(path: Path) -> int:

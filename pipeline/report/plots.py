@@ -78,6 +78,7 @@ def plot_timeline(cols: dict[str, list], path: Path, stall_s: float, start: floa
     if sub:
         order = order[np.unique(np.linspace(0, n - 1, max_rows).round().astype(int))]
     rows = int(order.size)
+    tts = cols.token_times_of(order)
     ra, ps, pe = column(cols, "read_at"), column(cols, "prefill_start"), column(cols, "prefill_end")
 
     height = min(3.0 + 0.03 * rows, 18.0)
@@ -86,7 +87,7 @@ def plot_timeline(cols: dict[str, list], path: Path, stall_s: float, start: floa
     queue, prefill, handoff, stalls = [], [], [], []
     tick_x, tick_y = [], []
     for y, i in enumerate(order):
-        tt = cols.token_times(i) - start
+        tt = tts[i] - start
         first = tt[0] if tt.size else np.nan
         a, b, c = ra[i] - start, ps[i] - start, pe[i] - start
         if np.isfinite(a) and np.isfinite(b) and b > a:
@@ -143,8 +144,8 @@ def plot_latency(lat: dict[str, np.ndarray], path: Path, stall_s: float) -> None
     fig, axes = plt.subplots(2, 2, figsize=(12, 8))
     ttft, itl = lat["ttft"], lat["itl"]
     zeros = int(np.count_nonzero(itl == 0))
-    # ITL: its marks, then sorted, in its own memory (lat's gaps are this plot's: 10^6 requests of
-    # 32 tokens hold 250 MB of them); drawn through ECDF_MAX_POINTS and counted into 60 bins.
+    # ITL: its marks, then sorted, in its own memory (the run's gaps, reordered in place: 10^6
+    # requests of 32 tokens hold 250 MB of them); drawn through ECDF_MAX_POINTS, counted into 60 bins.
     itl_marks = dict(zip((50, 99), np.percentile(itl, (50, 99), overwrite_input=True).tolist())) \
         if itl.size else {50: None, 99: None}
     itl.sort()

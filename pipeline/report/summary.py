@@ -52,29 +52,14 @@ def column(cols: Requests, name: str) -> np.ndarray:
 
 def first_last(cols: Requests) -> tuple[np.ndarray, np.ndarray]:
     """Each request's first and last token time (NaN for a request without tokens)."""
-    counts = cols.counts()
-    has = counts > 0
-    first = np.full(counts.size, np.nan)
-    last = np.full(counts.size, np.nan)
-    first[has] = cols.values[cols.offsets[:-1][has]]
-    last[has] = cols.values[cols.offsets[1:][has] - 1]
-    return first, last
+    return cols.first, cols.last
 
 
 def itl_gaps(cols: Requests) -> np.ndarray:
-    """Every request's gaps between consecutive token times, pooled and sorted (the differences
-    within each request; none across two requests). In one array of their size: the differences
-    across requests are made NaN, which sorting puts last, and cut off (10^6 requests of 32
-    tokens: 250 MB, not twice that)."""
-    v = cols.values
-    if v.size < 2:
-        return np.zeros(0)
-    gaps = np.diff(v)
-    ends = cols.offsets[1:-1] - 1  # the last token of every request but the last one
-    ends = np.unique(ends[(ends >= 0) & (ends < v.size - 1)])
-    gaps[ends] = np.nan
-    gaps.sort()
-    return gaps[:gaps.size - ends.size]
+    """Every request's gaps between consecutive token times, pooled (none across two requests):
+    the run's own array, in no particular order; a reader may reorder it in place (sort,
+    partition), never change its values."""
+    return cols.gaps
 
 
 def run_start(cols: Requests, workers: Any = None) -> float:
@@ -113,15 +98,7 @@ def latencies(cols: Requests) -> dict[str, np.ndarray]:
 
 def stalls(cols: Requests, stall_s: float) -> tuple[int, int]:
     """(ITL gaps longer than ``stall_s``, requests with at least one)."""
-    v = cols.values
-    if v.size < 2:
-        return 0, 0
-    over = np.diff(v) > stall_s
-    ends = cols.offsets[1:-1] - 1
-    over[ends[(ends >= 0) & (ends < v.size - 1)]] = False
-    where = np.flatnonzero(over)
-    requests = np.unique(np.searchsorted(cols.offsets, where, side="right") - 1)
-    return int(where.size), int(requests.size)
+    return int(np.count_nonzero(cols.gaps > stall_s)), int(np.count_nonzero(cols.max_gap > stall_s))
 
 
 def _numbers(table: Any, name: str) -> np.ndarray:
@@ -315,8 +292,8 @@ def summarize(run: Path, cols: Requests, workers: Any, run_summary: dict | None,
     lat = latencies(cols)
     itl = lat.pop("itl")
     gaps, zeros, itl_max = int(itl.size), int(np.count_nonzero(itl == 0)), _max(itl)
-    # The percentiles in one call, in the gaps' own memory (10^6 requests of 32 tokens: 250 MB,
-    # not needed after), as numpy.percentile of them would give them.
+    # The percentiles in one call, in the gaps' own memory (10^6 requests of 32 tokens: 250 MB),
+    # as numpy.percentile of them would give them.
     itl_ps = (np.percentile(itl, (50, 90, 99), method=PERCENTILE_METHOD, overwrite_input=True).tolist()
               if itl.size else [None] * 3)
     del itl
