@@ -87,7 +87,7 @@ import json
 import os
 import uuid
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable, TypeVar
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -97,6 +97,8 @@ from pipeline.io.shards import run_files, shard_path
 
 if TYPE_CHECKING:
     from pipeline.io.output import RowResult
+
+T = TypeVar("T")
 
 REQUEST_SCHEMA = pa.schema([
     ("key", pa.string()),
@@ -208,12 +210,29 @@ def _replaces(path: Path) -> list[str]:
 def read_request_metrics(run_path: Path, columns: list[str] | None = None) -> pa.Table:
     """Every request metrics row of a run (an empty table with the schema when there is none);
     ``columns``: only these (None: all)."""
-    parts = request_metrics_files(run_path)
     schema = REQUEST_SCHEMA if columns is None else pa.schema([REQUEST_SCHEMA.field(c) for c in columns])
-    if not parts:
-        return schema.empty_table()
-    return pa.concat_tables([pq.read_table(p, schema=REQUEST_SCHEMA, columns=columns).cast(schema)
-                             for p in parts])
+
+    def read() -> pa.Table:
+        parts = request_metrics_files(run_path)
+        if not parts:
+            return schema.empty_table()
+        return pa.concat_tables([pq.read_table(p, schema=REQUEST_SCHEMA, columns=columns).cast(schema)
+                                 for p in parts])
+
+    return while_merging(read)
+
+
+def while_merging(read: Callable[[], T], tries: int = 3) -> T:
+    """``read()``, listed and read again when a part it listed was removed before it was read
+    (a worker's merge, :func:`compact_request_metrics`, ended in between: the merged file holds
+    its rows)."""
+    for attempt in range(tries):
+        try:
+            return read()
+        except FileNotFoundError:
+            if attempt == tries - 1:
+                raise
+    raise AssertionError("unreachable")
 
 
 def compact_request_metrics(run_path: Path, shard: str) -> int:

@@ -36,7 +36,7 @@ class Requests:
 
     def token_times_of(self, indices: Any) -> dict[int, Any]:
         """Request index -> its token times (numpy float64), for ``indices``: read again from
-        their files, one file at a time."""
+        their files, one file at a time (none for a request whose file is gone since)."""
         import numpy as np
         import pyarrow.compute as pc
         import pyarrow.parquet as pq
@@ -47,11 +47,14 @@ class Requests:
         idx = np.asarray(indices, dtype=np.int64)
         for f in np.unique(self.file_of[idx]):
             mine = idx[self.file_of[idx] == f]
-            col = pq.read_table(self.files[f], schema=REQUEST_SCHEMA, columns=["token_times"]).column(0)
+            try:
+                col = pq.read_table(self.files[f], schema=REQUEST_SCHEMA, columns=["token_times"]).column(0)
+            except FileNotFoundError:  # merged by its worker since it was read: drawn without tokens
+                continue
             rows = col.take(self.row_in_file[mine])
             for i, tt in zip(mine.tolist(), rows.to_pylist()):
                 out[i] = np.asarray(tt if tt is not None else [], dtype=np.float64)
-        return out
+        return {i: out.get(i, np.zeros(0)) for i in idx.tolist()}
 
 
 STRING_COLUMNS = ["shard", "prefill_worker", "decode_worker", "error"]
@@ -90,11 +93,18 @@ def _token_stats(values: Any, counts: Any) -> tuple[Any, Any, Any, Any]:
 
 def read_requests(run: Path) -> Requests:
     """:class:`Requests` of the run at ``run`` (see :func:`pipeline.io.metrics.request_metrics_files`),
-    a file at a time.
+    a file at a time; read again when a worker's merge removed a part meanwhile
+    (:func:`pipeline.io.metrics.while_merging`).
 
     Raises:
         pyarrow.ArrowException, OSError, ValueError: a file cannot be read.
     """
+    from pipeline.io.metrics import while_merging
+
+    return while_merging(lambda: _read_requests(run))
+
+
+def _read_requests(run: Path) -> Requests:
     import numpy as np
     import pyarrow as pa
     import pyarrow.compute as pc

@@ -76,3 +76,22 @@ def test_marking_a_shard_done_merges_its_metrics_in_the_background(tmp_path):
     files = request_metrics_files(run.path)
     assert len(files) == 1 and files[0].name.startswith(MERGED_PREFIX)
     assert _keys(run.path) == sorted(f"0:{r}" for r in range(10))
+
+
+def test_a_reader_that_listed_the_parts_before_a_merge_reads_again(tmp_path, monkeypatch):
+    import pipeline.io.metrics as metrics
+    from pipeline.report.load import read_requests
+
+    _write_parts(tmp_path, 0, 10, 4)
+    stale = metrics.request_metrics_files(tmp_path)
+    compact_request_metrics(tmp_path, "s0.parquet")  # another process's merge, after the listing
+    real, calls = metrics.request_metrics_files, []
+
+    def listing(run_path):
+        calls.append(1)
+        return stale if len(calls) == 1 else real(run_path)
+
+    monkeypatch.setattr(metrics, "request_metrics_files", listing)
+    assert _keys(tmp_path) == sorted(f"0:{r}" for r in range(10)) and len(calls) == 2
+    calls.clear()
+    assert len(read_requests(tmp_path)) == 10 and len(calls) == 2
