@@ -422,8 +422,12 @@ GROWS = {  # top-level entry of a run directory -> (what writes it, what its fil
                     "the shard is done", "rows / checkpoint_rows of the shards in flight"),
     "parts": ("split shards: a part file + mark per unit, checkpoints per part; removed once assembled",
               "units of split shards in flight"),
-    "metrics": ("requests/: a Parquet part per checkpoint batch (job.checkpoint_rows rows); workers/: a part "
-                "per worker per 30 s; dram/: one per decode process", "see below"),
+    "metrics/requests": ("a shard's owner: a Parquet part per checkpoint batch (job.checkpoint_rows rows), merged "
+                         "into one once the shard is done (before bcc80ba: kept)", "shards (+ rows / checkpoint_rows "
+                         "of the shards in flight; before bcc80ba: rows / checkpoint_rows)"),
+    "metrics/workers": ("each worker's engine steps: a Parquet part per FLUSH_EVERY_S (30 s)",
+                        "workers x run time"),
+    "metrics/dram": ("offload=dram: one per decode process, at its end", "decode processes"),
     "logs": ("submitit: a few files per worker job", "workers"),
     "report": ("python -m pipeline.report", "1 folder, 4-6 files"),
 }
