@@ -117,7 +117,8 @@ class DecodeServer:
         self.reserved: dict[str, tuple[list[int], float]] = {}
 
     def _publish(self) -> None:
-        self.run.publish_decode(self.rank, self.endpoint, self.worker, self.capacity, self.dram_capacity)
+        self.run.publish_decode(self.rank, self.endpoint, self.worker, self.capacity, self.dram_capacity,
+                                serving=len(getattr(self, "serving", ())))  # none yet at the first publish
 
     async def _heartbeat(self) -> None:
         while True:

@@ -44,9 +44,13 @@ def slurm_run(slurm_cluster, tmp_path_factory):
       dropped for 30 s (``netfault.sh pd-node2 cut pd-node3 30``), then the link heals: its
       first hand-offs to rank 0 go unacknowledged (both nodes stay up, rank 0's heartbeat goes
       on);
-    - once the cut has healed and the preempted task, started again, has its engine ready and
-      its rows in flight (on both ranks), decode rank 1's node is lost (``netfault.sh pd-node4
-      lost``: link down, every process SIGKILLed) and stays lost until the run has ended.
+    - once pd-node2's unacknowledged hand-offs have moved to decode rank 1 (the cut is 12 s
+      old, beyond transport.ack_timeout_s) and rank 1 says it is serving hand-offs (its endpoint
+      record, rewritten with its heartbeat every 2 s), decode rank 1's node is lost
+      (``netfault.sh pd-node4 lost``: link down, every process SIGKILLed) and stays lost until
+      the run has ended. Its rows wait for rank 0's link to heal and are served there. (Waiting
+      instead for the preempted task to start again lost rank 1 once with nothing in flight: that
+      task's rows had all gone to rank 0, and no row was served again.)
     """
     base = tmp_path_factory.mktemp("slurm")
     sent = node_bytes_sent()
@@ -65,7 +69,6 @@ def slurm_run(slurm_cluster, tmp_path_factory):
                 f"the faults found no row to act on before the run ended: {(base / 'stderr.txt').read_text()[-3000:]}"
             preempted = list((run_dir / "engines").glob(f"prefill-*@{PREEMPTED}.json"))
             if not preemptor and preempted:
-                task, first_ready = preempted[0].name.split("@")[0], preempted[0].stat().st_mtime
                 # A job of a higher priority tier (partition debug, over every node) takes the
                 # node from the prefill task there (partition prefill: PreemptMode=REQUEUE) for 5 s.
                 preemptor = subprocess.run(["sbatch", "--parsable", "-p", "debug", "-w", PREEMPTED, "-o", "/dev/null",
@@ -79,12 +82,7 @@ def slurm_run(slurm_cluster, tmp_path_factory):
                 subprocess.run([*NETFAULT, CUT[0], "cut", CUT[1], str(CUT_S)], check=True, timeout=60)
                 cut_at = time.time()
                 base.joinpath("cut_at").write_text(f"{cut_at:.1f}")  # for reading the logs
-            # Its engine record rewritten (on whichever node): the preempted task's engine is
-            # ready again.
-            ready = max((f.stat().st_mtime for f in (run_dir / "engines").glob(f"{task}@*.json")), default=0) \
-                if preemptor else 0
-            if not lost and cut_at and time.time() > cut_at + CUT_S and ready > first_ready \
-                    and time.time() > ready + 3:
+            if not lost and cut_at and time.time() > cut_at + 12 and _serving(run_dir, 1) > 0:
                 subprocess.run([*NETFAULT, LOST, "lost"], check=True, timeout=60)
                 lost = True
             time.sleep(0.5)
@@ -99,6 +97,14 @@ def slurm_run(slurm_cluster, tmp_path_factory):
     assert p.returncode == 0, f"{(base / 'stdout.txt').read_text()}\n{(base / 'stderr.txt').read_text()[-4000:]}"
     base.joinpath("sent.json").write_text(json.dumps(sent))
     return base
+
+
+def _serving(run_dir, rank: int) -> int:
+    """Hand-offs decode ``rank`` said it was serving at its last heartbeat (0 before it publishes)."""
+    try:
+        return json.loads((run_dir / "decode" / f"rank-{rank}.json").read_text()).get("serving") or 0
+    except (OSError, ValueError):
+        return 0
 
 
 def test_a_lost_decode_node_leaves_the_run_to_the_other_rank(slurm_run):
