@@ -56,17 +56,26 @@ def _executor(cfg: Config, run: RunDir, name: str, tp: int, partition: str | Non
     return ex
 
 
+def _decode_executors(cfg: Config, run: RunDir) -> list[tuple[int, submitit.SlurmExecutor]]:
+    """One executor per decode job: ``[(its first rank, executor)]``, ``cluster.decode_ranks_per_node``
+    ranks a node (one task each), the last job taking what is left."""
+    d = cfg.pools.decode
+    per_node = min(cfg.cluster.decode_ranks_per_node, d)
+    out = []
+    for first in range(0, d, per_node):
+        ex = _executor(cfg, run, f"pd-decode-{run.path.name}", cfg.model.decode_tp, cfg.cluster.decode_partition)
+        ex.update_parameters(nodes=1, ntasks_per_node=min(per_node, d - first))
+        out.append((first, ex))
+    return out
+
+
 def launch_slurm(cfg: Config, run: RunDir, n_units: int) -> Jobs:
     """Submit the run's jobs; returns them without waiting."""
-    path, tag = str(run.path), run.path.name
+    path = str(run.path)
     decode_jobs = []
     depends = None
     if cfg.pools.mode == "disaggregated":
-        d = cfg.pools.decode
-        per_node = min(cfg.cluster.decode_ranks_per_node, d)
-        for first in range(0, d, per_node):
-            ex = _executor(cfg, run, f"pd-decode-{tag}", cfg.model.decode_tp, cfg.cluster.decode_partition)
-            ex.update_parameters(nodes=1, ntasks_per_node=min(per_node, d - first))
+        for first, ex in _decode_executors(cfg, run):
             decode_jobs.append(ex.submit(DecodeJob(path, first), None, cfg.cluster.decode_cpus))
         depends = "after:" + ":".join(j.job_id for j in decode_jobs)
     role = "prefill" if cfg.pools.mode == "disaggregated" else "colocated"
@@ -101,13 +110,9 @@ def sbatch_preview(cfg: Config, run: RunDir, n_units: int) -> list[tuple[str, li
     out = []
     decode_ids = []
     if cfg.pools.mode == "disaggregated":
-        d = cfg.pools.decode
-        per_node = min(cfg.cluster.decode_ranks_per_node, d)
-        for first in range(0, d, per_node):
-            ex = _executor(cfg, run, f"pd-decode-{run.path.name}", cfg.model.decode_tp, cfg.cluster.decode_partition)
-            ex.update_parameters(nodes=1, ntasks_per_node=min(per_node, d - first))
+        for first, ex in _decode_executors(cfg, run):
             decode_ids.append("JOBID")
-            out.append((f"decode ranks {first}-{min(first + per_node, d) - 1}", lines(ex)))
+            out.append((f"decode ranks {first}-{first + ex.parameters['ntasks_per_node'] - 1}", lines(ex)))
     role = "prefill" if cfg.pools.mode == "disaggregated" else "colocated"
     n_tasks = n_array_tasks(cfg, n_units)
     chunk = cfg.cluster.max_array_size or max_array_size()
