@@ -8,12 +8,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from pipeline.config import Config
+from pipeline.engine.build import GPU_MEMORY_UTILIZATION
 from pipeline.preflight.limits import kv_cache_tokens, roles_of
 from pipeline.preflight.kv_fit import DEFAULT_BLOCK_CPU, DEFAULT_BLOCK_GPU, hf_config, on_gpu
-
-#: ``gpu_memory_utilization`` on GPU workers when ``model.gpu_memory_utilization`` is null (the
-#: value :func:`pipeline.engine.build.memory_utilization` gives there; vLLM's own default).
-GPU_MEMORY_UTILIZATION = 0.9
 
 
 @dataclass(frozen=True)
@@ -44,10 +41,8 @@ def engine_settings(cfg: Config, model_dir: str | None, context_from: str) -> di
     out: dict[str, list[Setting]] = {}
     for role in roles_of(cfg):
         tp_key = "model.decode_tp" if role == "decode" else "model.prefill_tp"
-        block_key = next((k for k in (f"model.{role}_block_size", "model.block_size")
-                          if (m.prefill_block_size if k == "model.prefill_block_size" else
-                              m.decode_block_size if k == "model.decode_block_size" else
-                              m.block_size if k == "model.block_size" else None)), None)
+        own_block = {"prefill": m.prefill_block_size, "decode": m.decode_block_size}.get(role)
+        block_key = f"model.{role}_block_size" if own_block else "model.block_size" if m.block_size else None
         block = m.block_size_of(role) or (DEFAULT_BLOCK_GPU if gpu else DEFAULT_BLOCK_CPU)
         rows = [
             Setting("TP", str(m.tp_of(role)), _origin(cfg, tp_key), tp_key),
