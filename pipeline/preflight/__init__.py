@@ -88,9 +88,16 @@ class Plan:
     renamed: dict[str, str] = field(default_factory=dict)
     resumes: bool = False
     sample_lists: bool = False  # the sample columns are lists (:func:`sample_lists`)
-    engines: dict[str, list[Setting]] = field(default_factory=dict)  # role -> its resolved settings
+    model_dir: str | None = None  # the model's folder here (None: the bundled model, not yet converted)
+    context_from: str = "set"  # where model.max_model_len came from (pipeline.preflight.limits)
     warnings: list[str] = field(default_factory=list)  # one line each: what a start prints to stderr
     jobs: list[tuple[str, list[str]]] = field(default_factory=list)  # Slurm: each job's #SBATCH lines (dry run)
+
+    @property
+    def engines(self) -> dict[str, list[Setting]]:
+        """Each engine role's resolved settings and their origin (:func:`engine_settings`), for
+        the dry run: worked out when asked, since a preset's origin costs a Hydra composition."""
+        return engine_settings(self.cfg, self.model_dir, self.context_from)
 
     @property
     def total_rows(self) -> int:
@@ -202,7 +209,7 @@ def preflight(cfg: Config, run_dir: Path | None = None) -> Plan:
         raise ConfigError(str(exc)) from None
     warning = shared_fs_warning(cfg, model_dir, str(run_dir))
     return Plan(cfg, run_dir, output, shards, rows, unreadable, renamed, resumes, sample_lists(cfg, shards, schemas),
-                engine_settings(cfg, model_dir, context_from), [warning] if warning else [])
+                model_dir, context_from, [warning] if warning else [])
 
 
 def sample_lists(cfg: Config, shards: list[Shard], schemas: list) -> bool:
