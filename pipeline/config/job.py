@@ -126,6 +126,7 @@ class JobConfig:
     sampling: SamplingConfig = field(default_factory=SamplingConfig)  # sampling for every row (the group below)
     batch_rows: int = 16  # rows a prefill/colocated worker keeps in flight
     checkpoint_rows: int = 4  # finished rows saved together so a restarted owner resumes mid-shard
+    checkpoint_interval_s: float = 2.0  # at most one save per this many seconds (rows finished since wait for it); 0: every checkpoint_rows rows
     unit_rows: Optional[int] = 50000  # a bigger Parquet shard is served in parts of its row groups (~this many rows); null: never
     too_long: str = "error"  # a prompt longer than the context: "error" row, or "truncate" the text
     # A column of OpenAI chat messages (a list of {role, content} structs) to render with the
@@ -153,6 +154,8 @@ class JobConfig:
         _check(self.batch_rows >= 1, "job.batch_rows", f"must be >= 1, got {self.batch_rows}")
         _check(self.too_long in ("error", "truncate"), "job.too_long", f"must be error or truncate, got {self.too_long!r}")
         _check(self.checkpoint_rows >= 1, "job.checkpoint_rows", f"must be >= 1, got {self.checkpoint_rows}")
+        _check(self.checkpoint_interval_s >= 0, "job.checkpoint_interval_s",
+               f"must be >= 0 seconds, got {self.checkpoint_interval_s}")
         _check(self.unit_rows is None or self.unit_rows >= 1, "job.unit_rows", f"must be >= 1 or null, got {self.unit_rows}")
         _check(not (self.rag is not None and self.messages_column), "job.messages_column",
                "the RAG job reads each question from job.text_column and builds its prompt from the "

@@ -99,7 +99,7 @@ class ShardOwner:
         self.checkpoint = RowCheckpoint(run.parts_dir(shard) / f"checkpoints-{self.unit.part:05d}" if self.unit.split
                                         else run.checkpoint_dir(shard), cfg.job.checkpoint_rows,
                                         with_batch=lambda records: write_request_metrics(run.path, shard.name, records),
-                                        samples=self.samples)
+                                        samples=self.samples, interval_s=cfg.job.checkpoint_interval_s)
         self.resumed: dict[int, RowResult] = {}
         self.row_tasks: set[asyncio.Task] = set()
         # decode_kv: did the KV move (pipeline.roles.recompute.kv_counts), summed by the run's summary
@@ -120,6 +120,7 @@ class ShardOwner:
             await writer
         except Exception as exc:  # a bad shard must not stop the others
             writer.cancel()
+            self.checkpoint.cancel()
             for t in self.row_tasks:
                 t.cancel()
             if is_worker_failure(exc):
