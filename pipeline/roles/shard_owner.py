@@ -75,7 +75,8 @@ class ShardOwner:
     order to one output file, incrementally (a Parquet writer on a temporary name, moved into
     place when the shard is complete: one atomic output per shard). At most ``AHEAD_BATCHES``
     record batches wait behind the oldest unwritten one. Finished rows are also saved in row
-    checkpoints (``job.checkpoint_rows`` at a time), from which a restarted owner resumes.
+    checkpoints (``job.checkpoint_rows`` or more at a time, at most one save per
+    ``job.checkpoint_interval_s``), from which a restarted owner resumes.
     ``dispatched`` is set once every row has started (or the shard failed).
 
     With a split ``unit``, only its row groups are read and they go to its part
