@@ -8,6 +8,8 @@ Four sub-commands, each printing Markdown and the machine::
                                                   [--decode 8] [--tokens 32] [--repeats 3]
     .venv/bin/python tools/bench_scale.py checkpoints [--rows 2000] [--every 4,64]
     .venv/bin/python tools/bench_scale.py growth  [RUN_DIR ...]
+    .venv/bin/python tools/bench_scale.py engines [--rows 1000,10000] [--outputs 1,32] [--shards 10]
+                                                  [--only raw,coloc,pd] [--json FILE]
 
 - **claims**: a run directory of ``--units`` shards (one unit each; the shards are never read),
   and ``--claimants`` processes (forked, no engines) that each do what a prefill or colocated
@@ -29,6 +31,10 @@ Four sub-commands, each printing Markdown and the machine::
   ``job.checkpoint_rows``.
 - **growth**: the files of each kind in run directories (a real run's, or one made by
   ``records``), and what each kind grows with.
+- **engines** (with engines, :mod:`tools.bench_parts.scale_engines`): for each rows x outputs x
+  shards, raw vLLM, the pipeline colocated and 1P:1D on the same one-line rows and cores: wall
+  and rows/s against raw, CPU per row outside the engine, peak RSS, run-directory files, status,
+  report, a rerun's time to find everything done, and the output token ids against raw's.
 
 ``--code DIR`` runs ``claims`` and ``records``' commands against the ``pipeline`` package in
 ``DIR`` (an export of another commit, e.g. ``git archive bc94b59 pipeline | tar -x -C DIR``), for
@@ -483,11 +489,20 @@ def main(argv: list[str] | None = None) -> int:
     k.add_argument("--repeats", type=int, default=3)
     g = sub.add_parser("growth", help="files of each kind in run directories")
     g.add_argument("run_dirs", nargs="*", metavar="RUN_DIR")
+    from tools.bench_parts import scale_engines
+    scale_engines.add_parser(sub)
     for p in (c, r, k):
         p.add_argument("--code", metavar="DIR", help="import pipeline from DIR (another commit's export)")
         p.add_argument("--json", metavar="FILE", help="also write the figures as JSON")
     args = ap.parse_args(argv)
 
+    if args.what == "engines":
+        scale_engines.check_args(ap, args)
+        result = scale_engines.main(args, _use_code(None))
+        if args.json:
+            from tools.benchlib.results import write_json
+            write_json(args.json, result)
+        return 0
     if args.what == "growth":
         rows = [[k, *v] for k, v in GROWS.items()]
         print(md_table(["entry", "written by", "files grow with"], rows))
