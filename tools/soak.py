@@ -467,6 +467,18 @@ def slurmctld_log() -> Path | None:
     return Path(m.group(1)) if m and Path(m.group(1)).is_file() else None
 
 
+def drained() -> list[tuple[str, str]]:
+    """(node, reason) of the test nodes Slurm has drained (not those down: a lost node comes back
+    by itself once its slurmd registers)."""
+    try:
+        out = subprocess.run(["sinfo", "-h", "-N", "-t", "drain,drained,draining", "-o", "%N|%E"],
+                             capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return []
+    rows = {tuple(line.split("|", 1)) for line in out.splitlines() if "|" in line}
+    return sorted((n, r) for n, r in rows if n in (*PREFILL_NODES, *DECODE_NODES))
+
+
 def node_pids(node: str) -> list[int]:
     p = subprocess.run(["ip", "netns", "pids", node], capture_output=True, text=True, timeout=30)
     return [int(x) for x in p.stdout.split()]
@@ -619,6 +631,7 @@ class Injector:
         self.back_at: dict[str, float] = {}  # node lost -> when it comes back (time.monotonic())
         self.cut: set[tuple[str, str]] = set()
         self.gone: set[int] = set()  # decode ranks lost for good (killed, cancelled) by this soak
+        self.drain_checked = 0.0
 
     def inject(self, f: dict[str, Any]) -> tuple[str | None, str | None]:
         """Inject ``f``: (what was done, None) or (None, why it was skipped)."""
@@ -727,13 +740,23 @@ class Injector:
         return any(state == "RUNNING" and nodes == node for state, nodes in squeue(prefill).values())
 
     def tick(self) -> list[str]:
-        """Bring back the lost nodes whose time has come; returns them."""
-        due = [n for n, at in self.back_at.items() if time.monotonic() >= at]
-        for n in due:
+        """Bring back the lost nodes whose time has come, and every 30 s resume the test nodes
+        Slurm drained (``Kill task failed``: a step's processes outlived ``UnkillableStepTimeout``,
+        seen on this machine under memory pressure), as a site's administrator would; returns
+        what it did (``pd-node1 back``, ``resumed pd-node2 (drained: Kill task failed)``)."""
+        done = []
+        for n in [n for n, at in self.back_at.items() if time.monotonic() >= at]:
             err = run_cmd([*NETFAULT, n, "back"])
-            log(f"{n} back{' (netfault: ' + err + ')' if err else ''}")
+            done.append(f"{n} back{' (netfault: ' + err + ')' if err else ''}")
             del self.back_at[n]
-        return due
+        if time.monotonic() - self.drain_checked > 30:
+            self.drain_checked = time.monotonic()
+            for node, reason in drained():
+                if node not in self.back_at and not run_cmd(["scontrol", "update", f"nodename={node}", "state=resume"]):
+                    done.append(f"resumed {node} (drained: {reason})")
+        for line in done:
+            log(line)
+        return done
 
     def restore(self) -> None:
         for n in list(self.back_at):
@@ -777,8 +800,8 @@ def soak(args, schedule: list[dict[str, Any]]) -> dict[str, Any]:
     try:
         while proc.poll() is None:
             watcher.poll()
-            for n in injector.tick():
-                watcher.add(f"(soak: {n} back)", "soak")
+            for what in injector.tick():
+                watcher.add(f"(soak: {what})", "soak")
             if faults_t0 is None:
                 engines = [p.stem for p in (run_dir / "engines").glob("*.json")]
                 if sum(e.startswith("prefill-") for e in engines) >= PREFILL_TASKS and \
@@ -816,6 +839,7 @@ def soak(args, schedule: list[dict[str, Any]]) -> dict[str, Any]:
             if ids_left:
                 subprocess.run(["scancel", *ids_left], capture_output=True, timeout=60)
         write_json(out / "soak.json", result)
+        (out / "table.md").write_text(table(result) + "\n")
     time.sleep(1)
     watcher.poll()
     for f in pending:
@@ -882,7 +906,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"colocated reference: {n} rows in {ref_path(args)}")
         return 0
     signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
-    result = soak(args, schedule)
+    try:
+        result = soak(args, schedule)
+    except KeyboardInterrupt:
+        log(f"stopped; what it saw is in {Path(args.out) / 'soak.json'} and {Path(args.out) / 'table.md'}")
+        return 130
     print(f"command: {result['command']}\n")
     print(table(result))
     print(f"\nhand-off tries per row (request metrics): {result['tries']}; the machine at its busiest: "
