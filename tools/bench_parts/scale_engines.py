@@ -194,38 +194,12 @@ def _whole(s: RssSampler, labels: dict[int, str]) -> dict[str, Any]:
     return {"process_cpu": cpu_split(w["cores_by_process"], w["span_s"]), "sampled_s": w["span_s"]}
 
 
-@contextlib.contextmanager
-def raw_memory_share() -> Iterator[None]:
-    """While open, run_raw's spec names ``model.gpu_memory_utilization`` as the pipeline's engine
-    builder resolves it (:func:`pipeline.engine.build.memory_utilization`): the raw child
-    (tools/bench_parts/e2e/raw.py) passes the config's value to vLLM as is, and it is null (chosen
-    by the engine builder) since 258175b, which vLLM refuses."""
-    from tools.bench_parts.e2e import runs
-
-    old = runs.base_overrides
-
-    def with_share(args, input_dir):
-        from pipeline.config import compose
-        from pipeline.engine.build import memory_utilization
-
-        base = old(args, input_dir)
-        cfg = compose(base)
-        if cfg.model.gpu_memory_utilization is not None:
-            return base
-        return base + [f"model.gpu_memory_utilization={memory_utilization(cfg)}"]
-    runs.base_overrides = with_share
-    try:
-        yield
-    finally:
-        runs.base_overrides = old
-
-
 def run_raw_point(args, out: int, wl: dict, work: Path) -> dict[str, Any]:
     from pipeline.launch.local import cpu_slices
     from tools.bench_parts.e2e.processes import label_processes
     from tools.bench_parts.e2e.runs import run_raw
 
-    with rss_sampling() as made, raw_memory_share():
+    with rss_sampling() as made:
         r = run_raw(0, _bench_args(args, out, wl["rows"]), wl, work)
     s = made[-1]
     # launch (the sampler starts as the child is spawned) to the end of its tree, as the pipeline's
