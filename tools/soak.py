@@ -92,6 +92,10 @@ PREEMPT_S = 5  # the preemptor job's length
 DECODE_OUT_S = {"lost": LOST_S + 150.0, "cut": CUT_S + 30.0, "kill-decode": 60.0, "cancel": 60.0}
 PERMANENT = ("kill-decode", "cancel")  # a decode rank lost for good: the pipeline starts no other
 POLL_S = 2.0
+# A worker killed with SIGKILL leaves its vLLM engine processes running (re-parented to init; the
+# test Slurm's proctrack/linuxproc does not follow them, a site's proctrack/cgroup would kill them
+# with the job): checked this long after the kill, recorded, and killed.
+ORPHAN_CHECK_S = 20.0
 
 # The P/D run: what tests/launch/test_slurm.py's slurm_run runs with (tests/conftest.py COMMON
 # and SLURM, and the overrides that make its faults survivable), on 2P:2D with NIXL push.
@@ -632,6 +636,7 @@ class Injector:
         self.cut: set[tuple[str, str]] = set()
         self.gone: set[int] = set()  # decode ranks lost for good (killed, cancelled) by this soak
         self.drain_checked = 0.0
+        self.orphans: list[tuple[float, int, list[int]]] = []  # (when to check, killed pid, its descendants)
 
     def inject(self, f: dict[str, Any]) -> tuple[str | None, str | None]:
         """Inject ``f``: (what was done, None) or (None, why it was skipped)."""
@@ -685,7 +690,7 @@ class Injector:
             if not pid or beat.get("ended") or not Path(f"/proc/{pid}").exists():
                 return None, f"prefill task {task} is not running (pid {pid})"
             node = next((n for n in PREFILL_NODES if pid in node_pids(n)), "?")
-            os.kill(pid, signal.SIGKILL)
+            self._kill(pid)
             return f"kill -9 prefill-{task} (pid {pid} on {node})", None
         if kind == "kill-decode":
             rank = int(target.split("-")[1])
@@ -693,7 +698,7 @@ class Injector:
             pid = worker_pid(node) if node else None
             if pid is None:
                 return None, f"no worker process of decode rank {rank} found (node {node})"
-            os.kill(pid, signal.SIGKILL)
+            self._kill(pid)
             self.gone.add(rank)
             return f"kill -9 decode-{rank} (pid {pid} on {node})", None
         if kind == "cancel":
@@ -706,6 +711,18 @@ class Injector:
             self.gone.add(rank)
             return f"scancel {jobs[rank]} (decode rank {rank} on {decode_node(self.run_dir, rank)})", None
         raise ValueError(kind)
+
+    def _kill(self, pid: int) -> None:
+        """SIGKILL the worker ``pid``, and note its descendants (its vLLM engine) for
+        :meth:`tick` to check on :data:`ORPHAN_CHECK_S` s later."""
+        import psutil
+
+        try:
+            kids = [c.pid for c in psutil.Process(pid).children(recursive=True)]
+        except psutil.Error:
+            kids = []
+        os.kill(pid, signal.SIGKILL)
+        self.orphans.append((time.monotonic() + ORPHAN_CHECK_S, pid, kids))
 
     def _serving_decode_node(self, f: dict[str, Any]) -> tuple[str | None, str]:
         """The decode node a lost or cut fault ``f`` hits: the one planned while a decode rank
@@ -749,6 +766,18 @@ class Injector:
             err = run_cmd([*NETFAULT, n, "back"])
             done.append(f"{n} back{' (netfault: ' + err + ')' if err else ''}")
             del self.back_at[n]
+        for entry in [o for o in self.orphans if time.monotonic() >= o[0]]:
+            self.orphans.remove(entry)
+            _, pid, kids = entry
+            alive = [k for k in kids if Path(f"/proc/{k}").exists()]
+            for k in alive:
+                try:
+                    os.kill(k, signal.SIGKILL)
+                except OSError:
+                    pass
+            if alive:
+                done.append(f"{len(alive)} engine processes of killed pid {pid} outlived it {ORPHAN_CHECK_S:g} s "
+                            f"(pids {', '.join(map(str, alive))}); killed, as Slurm's proctrack/cgroup would")
         if time.monotonic() - self.drain_checked > 30:
             self.drain_checked = time.monotonic()
             for node, reason in drained():
@@ -759,6 +788,13 @@ class Injector:
         return done
 
     def restore(self) -> None:
+        for entry in list(self.orphans):
+            for k in entry[2]:
+                try:
+                    os.kill(k, signal.SIGKILL)
+                except OSError:
+                    pass
+        self.orphans.clear()
         for n in list(self.back_at):
             run_cmd([*NETFAULT, n, "back"])
             log(f"{n} back (restore)")
