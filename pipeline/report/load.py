@@ -110,7 +110,7 @@ def _read_requests(run: Path) -> Requests:
     import pyarrow.compute as pc
     import pyarrow.parquet as pq
 
-    from pipeline.io.metrics import REQUEST_SCHEMA, request_metrics_files
+    from pipeline.io.metrics import REQUEST_SCHEMA, concat_files, request_metrics_files
 
     keep = [f.name for f in REQUEST_SCHEMA if f.name not in ("key", "token_times") + UNUSED_COLUMNS]
     schema = pa.schema([REQUEST_SCHEMA.field(c).with_type(pa.dictionary(pa.int32(), pa.string()))
@@ -119,8 +119,10 @@ def _read_requests(run: Path) -> Requests:
     # The gaps go straight into one array, sized from the files' footers (a list column's leaf
     # entries: at least its values, so at least the gaps), so they are never held twice.
     pooled = np.empty(sum(_token_entries(p) for p in files), dtype=np.float64)
-    tables, per_request, at = [], [], 0
-    for k, path in enumerate(files):
+    per_request, at = [], 0
+
+    def read(path: Path) -> Any:  # a file's table less its token times, whose figures it keeps
+        nonlocal pooled, at
         t = pq.read_table(path, schema=REQUEST_SCHEMA, columns=keep + ["token_times"])
         tt = t.column("token_times")
         counts = (np.concatenate([pc.fill_null(pc.list_value_length(c), 0).to_numpy(zero_copy_only=False)
@@ -132,12 +134,11 @@ def _read_requests(run: Path) -> Requests:
             pooled = np.concatenate([pooled[:at], np.empty(at + gaps.size - pooled.size + pooled.size // 2)])
         pooled[at:at + gaps.size] = gaps
         at += gaps.size
-        per_request.append((counts, first, last, max_gap, np.full(counts.size, k, np.int32),
+        per_request.append((counts, first, last, max_gap, np.full(counts.size, len(per_request), np.int32),
                             np.arange(counts.size, dtype=np.int32)))
-        tables.append(t.drop_columns(["token_times"]).cast(schema))
-        del t, tt, values, gaps
-    table = pa.concat_tables(tables) if tables else schema.empty_table()
-    del tables
+        return t.drop_columns(["token_times"]).cast(schema)
+
+    table = concat_files(read, files) if files else schema.empty_table()
     cols = [np.concatenate(c) if per_request else np.zeros(0) for c in zip(*per_request)] if per_request \
         else [np.zeros(0, np.int64), np.zeros(0), np.zeros(0), np.zeros(0), np.zeros(0, np.int32), np.zeros(0, np.int32)]
     counts, first, last, max_gap, file_of, row_in_file = cols
@@ -183,10 +184,8 @@ def load_run(run_path: str | Path) -> tuple[Requests, Any, dict[str, Any] | None
     if len(requests) == 0:
         raise ValueError(f"request metrics in {req_dir} hold no rows")
     try:
-        workers = read_worker_metrics(run, WORKER_COLUMNS)
-        names = pa.dictionary(pa.int32(), pa.string())  # one step a row: the names once each
-        workers = workers.cast(pa.schema([f.with_type(names) if f.name in ("worker", "role") else f
-                                          for f in workers.schema]))
+        # One step a row: the names dictionary-encoded, read so (never as a string per step).
+        workers = read_worker_metrics(run, WORKER_COLUMNS, dictionary=("worker", "role"))
     except (pa.ArrowException, OSError, ValueError, KeyError, TypeError) as exc:
         raise ValueError(f"unreadable worker metrics in {run / 'metrics' / 'workers'}: "
                          f"{one_line(exc)}") from None

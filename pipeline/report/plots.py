@@ -8,7 +8,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from pipeline.report.summary import _numbers, column, percentile, worker_groups
+from pipeline.report.summary import WorkerSteps, _numbers, column, percentile
 from pipeline.report.text import ms
 
 TIMELINE_MAX_ROWS = 500
@@ -40,9 +40,8 @@ def _ecdf(ax, values: np.ndarray, label: str, presorted: bool = False, floor: fl
     v = values if presorted else np.sort(values)
     if v.size == 0:
         return
-    rank = np.arange(1, v.size + 1)
-    if v.size > ECDF_MAX_POINTS:
-        rank = np.unique(np.linspace(1, v.size, ECDF_MAX_POINTS).round().astype(np.int64))
+    rank = (np.unique(np.linspace(1, v.size, ECDF_MAX_POINTS).round().astype(np.int64))
+            if v.size > ECDF_MAX_POINTS else np.arange(1, v.size + 1))  # never a rank per value
     x = v[rank - 1]
     ax.step(x if floor is None else np.maximum(x, floor), rank / v.size, where="post", label=label, **kw)
 
@@ -143,12 +142,13 @@ def plot_latency(lat: dict[str, np.ndarray], path: Path, stall_s: float) -> None
     plt = _plt()
     fig, axes = plt.subplots(2, 2, figsize=(12, 8))
     ttft, itl = lat["ttft"], lat["itl"]
-    zeros = int(np.count_nonzero(itl == 0))
-    # ITL: its marks, then sorted, in its own memory (the run's gaps, reordered in place: 10^6
-    # requests of 32 tokens hold 250 MB of them); drawn through ECDF_MAX_POINTS, counted into 60 bins.
+    # ITL: sorted in its own memory (the run's gaps, reordered in place: 10^6 requests of 32
+    # tokens hold 250 MB of them), then its zeros counted and its marks taken there; drawn
+    # through ECDF_MAX_POINTS, counted into 60 bins.
+    itl.sort()
+    zeros = int(np.searchsorted(itl, 0.0, side="right") - np.searchsorted(itl, 0.0, side="left"))
     itl_marks = dict(zip((50, 99), np.percentile(itl, (50, 99), overwrite_input=True).tolist())) \
         if itl.size else {50: None, 99: None}
-    itl.sort()
     ax = axes[0, 0]
     if ttft.size:
         ax.hist(ttft, bins=min(50, max(5, ttft.size)), color=_COLORS["prefill"], alpha=0.8)
@@ -211,8 +211,8 @@ def plot_utilisation(workers: Any, path: Path, start: float) -> None:
     """One panel per role: running batch size per worker (solid, left axis) and KV cache usage
     (dashed, right axis, %), over seconds since run start."""
     plt = _plt()
-    groups = worker_groups(workers)
-    roles = sorted({r for _, r in groups if r is not None}, key=lambda r: (
+    steps = WorkerSteps(workers)
+    roles = sorted({r for _, r in steps.keys if r is not None}, key=lambda r: (
         ["prefill", "decode", "colocated"].index(r) if r in ("prefill", "decode", "colocated") else 9, r))
     fig, axes = plt.subplots(max(1, len(roles)), 1, figsize=(12, 3.2 * max(1, len(roles))),
                              squeeze=False, sharex=True)
@@ -222,20 +222,20 @@ def plot_utilisation(workers: Any, path: Path, start: float) -> None:
                 transform=ax.transAxes)
         ax.set_axis_off()
     cmap = plt.get_cmap("tab10")
-    if groups:
-        t_all, run_all = _numbers(workers, "t"), _numbers(workers, "running")
-        kv_all = _numbers(workers, "kv_cache_usage")
     for ax, role in zip(axes[:, 0], roles):
         thinned = False
         ax2 = ax.twinx()
-        names = sorted(w for (w, r) in groups if r == role)
+        names = sorted(w for (w, r) in steps.keys if r == role)
+        top = 1.0  # the panel's largest batch size, at least 1
         for k, name in enumerate(names):
-            idx = groups[(name, role)]
-            t = t_all[idx]
+            mine = steps.rows(name, role)  # a worker's steps at a time
+            t = _numbers(mine, "t")
             o = np.argsort(t, kind="stable")
             t = t[o] - start
-            run = run_all[idx][o]
-            kv = kv_all[idx][o]
+            run = _numbers(mine, "running")[o]
+            kv = _numbers(mine, "kv_cache_usage")[o]
+            if np.isfinite(run).any():
+                top = max(top, float(np.nanmax(run)))
             if t.size > UTILISATION_MAX_POINTS:
                 t, run, kv = _envelope(t, run, kv)
                 thinned = True
@@ -244,9 +244,7 @@ def plot_utilisation(workers: Any, path: Path, start: float) -> None:
             ax2.step(t, kv * 100, where="post", color=color, linewidth=1, linestyle="--", alpha=0.7,
                      label=f"{name} KV cache")
         ax.set_ylabel("running requests")
-        vals = np.concatenate([run_all[groups[(name, role)]] for name in names]) if names else np.zeros(0)
-        top = float(np.nanmax(vals)) if np.isfinite(vals).any() else 1.0
-        ax.set_ylim(0, max(1.0, top) * 1.1)
+        ax.set_ylim(0, top * 1.1)
         ax2.set_ylabel("KV cache usage (%)")
         ax2.set_ylim(0, 110)
         ax.set_title(f"{role} workers: batch size (solid) and KV cache usage (dashed)"

@@ -105,26 +105,42 @@ def _numbers(table: Any, name: str) -> np.ndarray:
     return np.asarray(table.column(name).to_numpy(zero_copy_only=False), dtype=np.float64)
 
 
-def _codes(col: Any) -> tuple[np.ndarray, list[Any]]:
-    """A column's values as codes (numpy int64) and the values they stand for (null is one)."""
-    if pa.types.is_dictionary(col.type):
-        col = col.cast(pa.string())
-    enc = pc.dictionary_encode(col.combine_chunks() if hasattr(col, "combine_chunks") else col)
-    idx = np.asarray(pc.fill_null(enc.indices, -1).to_numpy(zero_copy_only=False), dtype=np.int64)
-    return idx, enc.dictionary.to_pylist() + [None]  # code -1 picks the last: None
+def _distinct(col: Any) -> list[Any]:
+    """A column's distinct values (null: None), in order of first appearance."""
+    u = col.unique()
+    return (u.cast(u.type.value_type) if pa.types.is_dictionary(u.type) else u).to_pylist()
 
 
-def worker_groups(workers: Any) -> dict[tuple[Any, Any], np.ndarray]:
-    """(worker, role) -> the indices of its step rows, in table order."""
-    if workers is None or workers.num_rows == 0:
-        return {}
-    (w, wnames), (r, rnames) = _codes(workers.column("worker")), _codes(workers.column("role"))
-    code = (w + 1) * (len(rnames) + 1) + (r + 1)
-    order = np.argsort(code, kind="stable")
-    uniq, first = np.unique(code[order], return_index=True)
-    bounds = [*first.tolist(), code.size]
-    return {(wnames[c // (len(rnames) + 1) - 1], rnames[c % (len(rnames) + 1) - 1]): order[bounds[k]:bounds[k + 1]]
-            for k, c in enumerate(uniq.tolist())}
+class WorkerSteps:
+    """A worker step table (pyarrow) by worker and role: ``keys``, its (worker, role) pairs (null:
+    None), and :meth:`rows`, the step rows of one worker (or of one pair), filtered out of the
+    table one at a time (issue #39: 2 million steps are never copied whole into numpy)."""
+
+    def __init__(self, workers: Any):
+        self.table = workers
+        self.keys: list[tuple[Any, Any]] = []
+        if workers is None or workers.num_rows == 0:
+            return
+        for w in _distinct(workers.column("worker")):
+            self.keys += [(w, r) for r in _distinct(self.rows(w).column("role"))]
+
+    @staticmethod
+    def _is(col: Any, value: Any) -> Any:
+        """Whether each of ``col``'s values is ``value``; a dictionary column's by its indices
+        (its strings never decoded)."""
+        if value is None:
+            return pc.is_null(col)
+        if not pa.types.is_dictionary(col.type):
+            return pc.fill_null(pc.equal(col, value), False)
+        return pa.chunked_array([pc.fill_null(pc.equal(c.indices, pc.index(c.dictionary, value)), False)
+                                 for c in col.chunks], pa.bool_())
+
+    def rows(self, worker: Any, role: Any = ...) -> Any:
+        """The step rows of ``worker`` (of ``role`` too, unless left out), in table order."""
+        mine = self._is(self.table.column("worker"), worker)
+        if role is not ...:
+            mine = pc.and_(mine, self._is(self.table.column("role"), role))
+        return self.table.filter(mine)
 
 
 def worker_stats(workers: Any) -> dict[str, dict[str, Any]]:
@@ -132,26 +148,21 @@ def worker_stats(workers: Any) -> dict[str, dict[str, Any]]:
     ``busy_fraction`` (see :mod:`pipeline.report`; null for a span of 0), ``mean_batch_size``
     (over steps with running > 0), ``max_batch_size``, ``max_kv_cache_usage`` (0..1),
     ``prefix_cache_queries`` / ``prefix_cache_hits`` (prompt tokens, vLLM's local prefix cache)
-    and their ratio ``prefix_cache_hit_rate`` (null without queries)."""
+    and their ratio ``prefix_cache_hit_rate`` (null without queries). A worker at a time
+    (:class:`WorkerSteps`)."""
     out: dict[str, dict[str, Any]] = {}
-    if workers is None or workers.num_rows == 0:
-        return out
-    by: dict[Any, list[np.ndarray]] = {}
+    steps = WorkerSteps(workers)
     roles_of: dict[Any, set] = {}
-    for (w, r), idx in worker_groups(workers).items():
-        by.setdefault(w, []).append(idx)
+    for w, r in steps.keys:
         roles_of.setdefault(w, set()).add(r)
-    t_all, run_all, kv_all = _numbers(workers, "t"), _numbers(workers, "running"), _numbers(workers, "kv_cache_usage")
-    names = workers.column_names
-    q_all = np.nan_to_num(_numbers(workers, "prefix_cache_queries")) if "prefix_cache_queries" in names else None
-    h_all = np.nan_to_num(_numbers(workers, "prefix_cache_hits")) if "prefix_cache_hits" in names else None
-    for w, parts in sorted(by.items(), key=lambda kv: str(kv[0])):
-        idx = np.sort(np.concatenate(parts))
-        t = t_all[idx]
+    names = workers.column_names if steps.keys else []
+    for w in sorted(roles_of, key=str):
+        mine = steps.rows(w)
+        t = _numbers(mine, "t")
         order = np.argsort(t, kind="stable")
         t = t[order]
-        running = run_all[idx][order]
-        kv = kv_all[idx][order]
+        running = _numbers(mine, "running")[order]
+        kv = _numbers(mine, "kv_cache_usage")[order]
         known = np.isfinite(running)
         # A row without scheduler stats keeps the previous row's state.
         if not known.all():
@@ -166,11 +177,11 @@ def worker_stats(workers: Any) -> dict[str, dict[str, Any]]:
         busy = float(dt[np.nan_to_num(running[:-1]) > 0].sum()) if t.size > 1 else 0.0
         active = running[np.nan_to_num(running) > 0]
         roles = roles_of[w]
-        queries = int(q_all[idx].sum()) if q_all is not None else 0
-        hits = int(h_all[idx].sum()) if h_all is not None else 0
+        queries = int(np.nan_to_num(_numbers(mine, "prefix_cache_queries")).sum()) if "prefix_cache_queries" in names else 0
+        hits = int(np.nan_to_num(_numbers(mine, "prefix_cache_hits")).sum()) if "prefix_cache_hits" in names else 0
         out[str(w)] = {
             "role": sorted(r for r in roles if r is not None)[0] if roles - {None} else None,
-            "steps": int(idx.size),
+            "steps": int(mine.num_rows),
             "span_s": span,
             "busy_s": busy,
             "busy_fraction": busy / span if span > 0 else None,
@@ -269,10 +280,11 @@ def summarize(run: Path, cols: Requests, workers: Any, run_summary: dict | None,
     disagg = cols.table.column("decode_worker").null_count < n or cols.table.column("prefill_end").null_count < n
     ws = worker_stats(workers)
     _prefill_busy(ws, cols)
-    running_all = np.zeros(0)
-    if workers is not None and workers.num_rows:
-        r = _numbers(workers, "running")
-        running_all = r[np.nan_to_num(r) > 0]
+    # Over every worker's steps with running > 0: integers, so their sum is exact and the mean
+    # is the one numpy gives (not a float64 copy of 2 million steps).
+    running = workers.column("running") if workers is not None and workers.num_rows else pa.chunked_array([], pa.int32())
+    active = pc.filter(running, pc.greater(running, 0))
+    active_sum = pc.sum(active).as_py() or 0
     kv_max = [w["max_kv_cache_usage"] for w in ws.values() if w["max_kv_cache_usage"] is not None]
     batch_max = [w["max_batch_size"] for w in ws.values() if w["max_batch_size"] is not None]
 
@@ -321,7 +333,7 @@ def summarize(run: Path, cols: Requests, workers: Any, run_summary: dict | None,
         "prefix_cache_hit_rate": cached / prompt_tokens if prompt_tokens else None,
         "workers": ws,
         "busy_fraction": {w: s["busy_fraction"] for w, s in ws.items()},
-        "mean_batch_size": json_float(running_all.mean()) if running_all.size else None,
+        "mean_batch_size": json_float(active_sum / len(active)) if len(active) else None,
         "max_batch_size": max(batch_max) if batch_max else None,
         "max_kv_cache_usage": max(kv_max) if kv_max else None,
         "run_summary": run_summary,
