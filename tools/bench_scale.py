@@ -6,7 +6,7 @@ Four sub-commands, each printing Markdown and the machine::
     .venv/bin/python tools/bench_scale.py claims  [--units 10000] [--claimants 32] [--repeats 1]
     .venv/bin/python tools/bench_scale.py records [--records 1000000] [--shards 1000] [--prefill 8]
                                                   [--decode 8] [--tokens 32] [--repeats 3]
-    .venv/bin/python tools/bench_scale.py checkpoints [--rows 2000] [--every 4,64]
+    .venv/bin/python tools/bench_scale.py checkpoints [--rows 2000] [--every 4,64] [--interval 0,2] [--rate 50]
     .venv/bin/python tools/bench_scale.py growth  [RUN_DIR ...]
     .venv/bin/python tools/bench_scale.py engines [--rows 1000,10000] [--outputs 1,32] [--shards 10]
                                                   [--only raw,coloc,pd] [--json FILE]
@@ -374,11 +374,14 @@ def bench_records(args, work_dir: Path, env: dict[str, str]) -> dict:
 
 
 # -- checkpoints ----------------------------------------------------------------------------------
-def bench_checkpoints(rows: int, every: int, tokens: int, work_dir: Path) -> dict:
+def bench_checkpoints(rows: int, every: int, tokens: int, work_dir: Path, interval_s: float = 0.0,
+                      rate: float = 0.0) -> dict:
     """What a shard owner's row checkpoints cost per row, without engines: ``rows`` finished rows
     of ``tokens`` output tokens through :class:`~pipeline.io.checkpoint.RowCheckpoint` (a
-    checkpoint file per ``every`` rows, their request metrics written with each, as
-    ``ShardOwner`` sets it up). Wall and CPU time per row (this process's, its threads' included),
+    checkpoint file per ``every`` rows, at most one per ``interval_s`` seconds
+    (``job.checkpoint_interval_s``), their request metrics written with each, as ``ShardOwner``
+    sets it up), finishing ``rate`` rows a second (0: as fast as they can). Wall and CPU time per
+    row (this process's, its threads' included; the wall includes the waits between rows),
     files written."""
     import asyncio
 
@@ -388,7 +391,8 @@ def bench_checkpoints(rows: int, every: int, tokens: int, work_dir: Path) -> dic
 
     run_path = work_dir / f"ckpt-{every}"
     folder = run_path / "checkpoints" / "s0.parquet"
-    ckpt = RowCheckpoint(folder, every, with_batch=lambda recs: write_request_metrics(run_path, "s0.parquet", recs))
+    ckpt = RowCheckpoint(folder, every, with_batch=lambda recs: write_request_metrics(run_path, "s0.parquet", recs),
+                         interval_s=interval_s)
     t = time.time()
     results = [RowResult(generation="x" * 40, generation_token_ids=list(range(tokens)), finish_reason="length",
                          prompt_tokens=50, output_tokens=tokens, prefill_worker="colocated-0@h", prefill_start=t,
@@ -396,7 +400,10 @@ def bench_checkpoints(rows: int, every: int, tokens: int, work_dir: Path) -> dic
     files = 0
 
     async def serve() -> None:
+        start = time.perf_counter()
         for r, res in enumerate(results):
+            if rate > 0 and (due := start + r / rate - time.perf_counter()) > 0:
+                await asyncio.sleep(due)
             await ckpt.add(r, res, request_record(res, key=f"0:{r}", shard="s0.parquet", row=r, read_at=t))
         await ckpt.flush()
 
@@ -404,7 +411,7 @@ def bench_checkpoints(rows: int, every: int, tokens: int, work_dir: Path) -> dic
     asyncio.run(serve())
     wall, cpu = time.perf_counter() - w0, time.process_time() - c0
     files = sum(len(f) for _, _, f in os.walk(run_path))
-    return {"rows": rows, "every": every, "wall_ms_per_row": 1e3 * wall / rows, "cpu_ms_per_row": 1e3 * cpu / rows,
+    return {"rows": rows, "every": every, "interval_s": interval_s, "rate": rate, "wall_ms_per_row": 1e3 * wall / rows, "cpu_ms_per_row": 1e3 * cpu / rows,
             "files": files}
 
 
@@ -424,13 +431,14 @@ GROWS = {  # top-level entry of a run directory -> (what writes it, what its fil
     "engines": ("each worker, once its engine is ready", "workers"),
     "decode": ("each decode rank, rewritten as its heartbeat; lost.json by the launcher", "decode ranks"),
     "joined": ("join(): one per array task added", "tasks joined"),
-    "checkpoints": ("a shard's owner: a Parquet file per job.checkpoint_rows finished rows; removed once "
-                    "the shard is done", "rows / checkpoint_rows of the shards in flight"),
+    "checkpoints": ("a shard's owner: a Parquet file per job.checkpoint_rows finished rows, at most one per "
+                    "job.checkpoint_interval_s; removed once the shard is done",
+                    "run time / checkpoint_interval_s (at most) of the shards in flight"),
     "parts": ("split shards: a part file + mark per unit, checkpoints per part; removed once assembled",
               "units of split shards in flight"),
-    "metrics/requests": ("a shard's owner: a Parquet part per checkpoint batch (job.checkpoint_rows rows), merged "
-                         "into one once the shard is done (before bcc80ba: kept)", "shards (+ rows / checkpoint_rows "
-                         "of the shards in flight; before bcc80ba: rows / checkpoint_rows)"),
+    "metrics/requests": ("a shard's owner: a Parquet part per checkpoint batch, merged into one once the shard is "
+                         "done (before bcc80ba: kept)", "shards (+ the checkpoint batches of the shards in flight; "
+                         "before bcc80ba: rows / checkpoint_rows)"),
     "metrics/workers": ("each worker's engine steps: a Parquet part per FLUSH_EVERY_S (30 s)",
                         "workers x run time"),
     "metrics/dram": ("offload=dram: one per decode process, at its end", "decode processes"),
@@ -485,6 +493,8 @@ def main(argv: list[str] | None = None) -> int:
     k = sub.add_parser("checkpoints", help="a shard owner's row checkpoints and request metrics, per row")
     k.add_argument("--rows", type=int, default=2000)
     k.add_argument("--every", default="4,64", help="comma-separated job.checkpoint_rows values")
+    k.add_argument("--interval", default="0", help="comma-separated job.checkpoint_interval_s values (seconds)")
+    k.add_argument("--rate", type=float, default=0.0, help="rows finishing per second (0: as fast as they can)")
     k.add_argument("--tokens", type=int, default=32)
     k.add_argument("--repeats", type=int, default=3)
     g = sub.add_parser("growth", help="files of each kind in run directories")
@@ -519,18 +529,20 @@ def main(argv: list[str] | None = None) -> int:
         if args.what == "checkpoints":
             table, result = [], {"checkpoints": []}
             for every in (int(x) for x in args.every.split(",")):
-                runs = []
-                for rep in range(args.repeats):
-                    d = work / f"ck-{every}-{rep}"
-                    runs.append(bench_checkpoints(args.rows, every, args.tokens, d))
-                    shutil.rmtree(d, ignore_errors=True)
-                result["checkpoints"] += runs
-                table.append([every, args.rows, f"{_median(runs, 'wall_ms_per_row'):.3f}",
-                              f"{_median(runs, 'cpu_ms_per_row'):.3f}", runs[-1]["files"]])
+                for interval in (float(x) for x in args.interval.split(",")):
+                    runs = []
+                    for rep in range(args.repeats):
+                        d = work / f"ck-{every}-{interval}-{rep}"
+                        runs.append(bench_checkpoints(args.rows, every, args.tokens, d, interval, args.rate))
+                        shutil.rmtree(d, ignore_errors=True)
+                    result["checkpoints"] += runs
+                    table.append([every, interval, args.rows, f"{_median(runs, 'wall_ms_per_row'):.3f}",
+                                  f"{_median(runs, 'cpu_ms_per_row'):.3f}", runs[-1]["files"]])
+            pace = f"{args.rate:g} rows/s" if args.rate > 0 else "as fast as they can"
             print(f"row checkpoints and request metrics ({code}), no engine: {args.rows} rows of {args.tokens} "
-                  f"tokens; {args.repeats} repeats, medians\n")
-            print(md_table(["job.checkpoint_rows", "rows", "wall ms/row", "CPU ms/row", "files written"], table,
-                           "rrrrr"))
+                  f"tokens finishing {pace}; {args.repeats} repeats, medians\n")
+            print(md_table(["job.checkpoint_rows", "job.checkpoint_interval_s", "rows", "wall ms/row", "CPU ms/row",
+                            "files written"], table, "rrrrrr"))
         elif args.what == "claims":
             runs = []
             for k in range(args.repeats):
