@@ -483,6 +483,18 @@ def drained() -> list[tuple[str, str]]:
     return sorted((n, r) for n, r in rows if n in (*PREFILL_NODES, *DECODE_NODES))
 
 
+def held(ids: list[str]) -> list[str]:
+    """Those of job ``ids`` Slurm holds after a failed launch (``launch_failed_requeued_held``)."""
+    if not ids:
+        return []
+    try:
+        out = subprocess.run(["squeue", "-h", "-o", "%i %r", "-j", ",".join(ids)], capture_output=True, text=True,
+                             timeout=30).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return []
+    return [line.split()[0] for line in out.splitlines() if "launch_failed_requeued_held" in line]
+
+
 def node_pids(node: str) -> list[int]:
     p = subprocess.run(["ip", "netns", "pids", node], capture_output=True, text=True, timeout=30)
     return [int(x) for x in p.stdout.split()]
@@ -757,9 +769,11 @@ class Injector:
         return any(state == "RUNNING" and nodes == node for state, nodes in squeue(prefill).values())
 
     def tick(self) -> list[str]:
-        """Bring back the lost nodes whose time has come, and every 30 s resume the test nodes
-        Slurm drained (``Kill task failed``: a step's processes outlived ``UnkillableStepTimeout``,
-        seen on this machine under memory pressure), as a site's administrator would; returns
+        """Bring back the lost nodes whose time has come, end the engines a killed worker left
+        behind, and every 30 s resume the test nodes Slurm drained (``Kill task failed``: a
+        step's processes outlived ``UnkillableStepTimeout``; ``Duplicate jobid``) and release the
+        run's jobs Slurm holds (``launch_failed_requeued_held``: a requeued job whose step could
+        not start), all seen on this machine under load, as a site's administrator would; returns
         what it did (``pd-node1 back``, ``resumed pd-node2 (drained: Kill task failed)``)."""
         done = []
         for n in [n for n, at in self.back_at.items() if time.monotonic() >= at]:
@@ -783,6 +797,9 @@ class Injector:
             for node, reason in drained():
                 if node not in self.back_at and not run_cmd(["scontrol", "update", f"nodename={node}", "state=resume"]):
                     done.append(f"resumed {node} (drained: {reason})")
+            for job in held(list(job_names(self.run_dir))):
+                if not run_cmd(["scontrol", "release", job]):
+                    done.append(f"released job {job} ({job_names(self.run_dir)[job]}: launch failed, requeued held)")
         for line in done:
             log(line)
         return done
