@@ -43,7 +43,9 @@ a decode rank lost for good (its job cancelled, its worker killed: the pipeline 
 one again) at most once and only in the last third, each prefill task killed at most
 ``TASK_RESTARTS`` times (the launcher restarts a killed task that often). At injection a fault
 whose target is not there (a task requeued and waiting) or that would leave no decode rank
-serving is recorded as skipped, with the reason, and not injected.
+serving, or a prefill worker whose engine is still starting (on this machine a start takes
+longer than the gap between faults, so faults on starting workers would stop the run serving any
+row), is recorded as skipped, with the reason, and not injected.
 
 Times are seconds; ``--minutes`` is how long the schedule lasts from the faults' time 0 (size
 ``--rows`` x ``--max-new-tokens`` so the run lasts at least that long: faults planned after the
@@ -685,10 +687,10 @@ class Injector:
             return f"cut {target} <-> {f['peer']} ({self._holds(f['peer']).strip(' ()')}) for {CUT_S:g} s", None
         if kind == "preempt":
             node = target
-            if not self._prefill_running(node):
-                node = next((n for n in PREFILL_NODES if self._prefill_running(n)), None)
+            if not self._prefill_serving(node):
+                node = next((n for n in PREFILL_NODES if self._prefill_serving(n)), None)
                 if node is None:
-                    return None, "no prefill task running on a prefill node"
+                    return None, "no prefill task with its engine ready (each is starting or waiting)"
             p = subprocess.run(["sbatch", "--parsable", "-p", "debug", "-w", node, "-o", "/dev/null",
                                 "-J", "soak-preemptor", "--wrap", f"sleep {PREEMPT_S}"],
                                capture_output=True, text=True, timeout=60)
@@ -702,6 +704,8 @@ class Injector:
             if not pid or beat.get("ended") or not Path(f"/proc/{pid}").exists():
                 return None, f"prefill task {task} is not running (pid {pid})"
             node = next((n for n in PREFILL_NODES if pid in node_pids(n)), "?")
+            if not self._prefill_serving(node):
+                return None, f"prefill task {task}'s engine is not ready yet (pid {pid} on {node} starting)"
             self._kill(pid)
             return f"kill -9 prefill-{task} (pid {pid} on {node})", None
         if kind == "kill-decode":
@@ -763,10 +767,23 @@ class Injector:
             return f" ({p.stem.split('@')[0]})"
         return ""
 
-    def _prefill_running(self, node: str) -> bool:
-        names = job_names(self.run_dir)
-        prefill = [j for j, n in names.items() if n.startswith("prefill")]
-        return any(state == "RUNNING" and nodes == node for state, nodes in squeue(prefill).values())
+    def _prefill_serving(self, node: str) -> bool:
+        """Whether a prefill worker runs on ``node`` whose engine is ready: its engine record
+        (``RUN_DIR/engines/prefill-K@NODE.json``) is newer than the worker process. A fault on a
+        worker still starting its engine (2-5 min on this machine under load, longer than the
+        gap between faults) would keep the run from ever serving a row."""
+        import psutil
+
+        pid = worker_pid(node)
+        if pid is None:
+            return False
+        try:
+            started = psutil.Process(pid).create_time()
+        except psutil.Error:
+            return False
+        ready = [(read_json(p) or {}).get("ready_at") or 0
+                 for p in (self.run_dir / "engines").glob(f"prefill-*@{node}.json")]
+        return any(r >= started for r in ready)
 
     def tick(self) -> list[str]:
         """Bring back the lost nodes whose time has come, end the engines a killed worker left
