@@ -287,7 +287,7 @@ def table(result: dict[str, Any]) -> str:
         else:
             what = did(evs)
         rows.append([f["i"], f["kind"], when, f.get("resolved") or describe(f), what,
-                     "-" if f.get("skipped") else served_again(evs)])
+                     "-" if f.get("skipped") or f.get("t") is None else served_again(evs)])
     return md_table(["#", "fault", "when (s)", "target", "what the pipeline did", "rows handed off again"],
                     rows, "rlrllr")
 
@@ -895,6 +895,8 @@ def soak(args, schedule: list[dict[str, Any]]) -> dict[str, Any]:
     except KeyboardInterrupt:
         log("interrupted: stopping the run")
         result["rc"] = "interrupted"
+        for f in pending:
+            f["skipped"] = "not reached: the soak was stopped"
         raise
     finally:
         injector.restore()
