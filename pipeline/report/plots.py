@@ -142,13 +142,13 @@ def plot_latency(lat: dict[str, np.ndarray], path: Path, stall_s: float) -> None
     plt = _plt()
     fig, axes = plt.subplots(2, 2, figsize=(12, 8))
     ttft, itl = lat["ttft"], lat["itl"]
-    # ITL: sorted in its own memory (the run's gaps, reordered in place: 10^6 requests of 32
-    # tokens hold 250 MB of them), then its zeros counted and its marks taken there; drawn
-    # through ECDF_MAX_POINTS, counted into 60 bins.
-    itl.sort()
-    zeros = int(np.searchsorted(itl, 0.0, side="right") - np.searchsorted(itl, 0.0, side="left"))
+    # ITL: its marks, then sorted, in its own memory (the run's gaps, reordered in place: 10^6
+    # requests of 32 tokens hold 250 MB of them), its zeros counted there; drawn through
+    # ECDF_MAX_POINTS, counted into 60 bins.
     itl_marks = dict(zip((50, 99), np.percentile(itl, (50, 99), overwrite_input=True).tolist())) \
         if itl.size else {50: None, 99: None}
+    itl.sort()  # after the marks: their partition may reorder it
+    zeros = int(np.searchsorted(itl, 0.0, side="right") - np.searchsorted(itl, 0.0, side="left"))
     ax = axes[0, 0]
     if ttft.size:
         ax.hist(ttft, bins=min(50, max(5, ttft.size)), color=_COLORS["prefill"], alpha=0.8)
