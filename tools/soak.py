@@ -494,7 +494,8 @@ def held(ids: list[str]) -> list[str]:
                              timeout=30).stdout
     except (OSError, subprocess.TimeoutExpired):
         return []
-    return [line.split()[0] for line in out.splitlines() if "launch_failed_requeued_held" in line]
+    # squeue's %r spells the reason with spaces ("launch failed requeued held").
+    return [line.split()[0] for line in out.splitlines() if "launch failed requeued held" in line.replace("_", " ")]
 
 
 def node_pids(node: str) -> list[int]:
