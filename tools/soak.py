@@ -759,8 +759,16 @@ class Injector:
         return next((r for r in range(DECODE_RANKS) if decode_node(self.run_dir, r) == node), None)
 
     def _holds(self, node: str) -> str:
-        """`` (decode rank R)`` / `` (prefill task K)``: what runs on ``node`` now, as far as
-        the run directory says."""
+        """`` (decode rank R)`` / `` (prefill task K)``: what runs on ``node`` now, as Slurm says,
+        else as the run directory says (an engine record stays behind when its task moves)."""
+        names = job_names(self.run_dir)
+        try:
+            running = [names[j] for j, (state, nodes) in squeue(list(names)).items()
+                       if state == "RUNNING" and nodes == node and j in names]
+        except (OSError, subprocess.TimeoutExpired):
+            running = []
+        if running:
+            return f" ({', '.join(running)})"
         for r in range(DECODE_RANKS):
             if decode_node(self.run_dir, r) == node:
                 return f" (decode rank {r})"
