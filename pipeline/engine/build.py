@@ -127,8 +127,7 @@ def pipeline_engine_kwargs(cfg: Config, role: Role) -> dict[str, Any]:
         "max_model_len": cfg.model.max_model_len,
         "tensor_parallel_size": cfg.model.tp_of(role),
         "gpu_memory_utilization": memory_utilization(cfg),
-        # null: eager on vLLM's CPU platform, CUDA graphs on a GPU (the schema's comment says why)
-        "enforce_eager": cfg.model.enforce_eager if cfg.model.enforce_eager is not None else _on_cpu(),
+        "enforce_eager": enforce_eager(cfg),
         "seed": cfg.model.seed,
         "disable_log_stats": True,
     }
@@ -240,6 +239,12 @@ def memory_utilization(cfg: Config) -> float:
     if cfg.model.gpu_memory_utilization is not None:
         return cfg.model.gpu_memory_utilization
     return CPU_MEMORY_UTILIZATION if _on_cpu() else GPU_MEMORY_UTILIZATION
+
+
+def enforce_eager(cfg: Config) -> bool:
+    """vLLM's ``enforce_eager`` for this config's engines: ``model.enforce_eager`` when set, else
+    eager on vLLM's CPU platform and CUDA graphs on a GPU (the schema's comment says why)."""
+    return cfg.model.enforce_eager if cfg.model.enforce_eager is not None else _on_cpu()
 
 
 def _on_cpu() -> bool:

@@ -33,14 +33,14 @@ def raw_main(spec_path: str, out_path: str) -> None:
                 prompts.append(p.token_ids)
                 ids.append(str(i))
     from vllm import LLM, SamplingParams
-    from pipeline.engine.build import _on_cpu, memory_utilization  # the values the pipeline's engines get
+    from pipeline.engine.build import enforce_eager, memory_utilization  # the values the pipeline's engines get
     from vllm.engine.arg_utils import AsyncEngineArgs
     from vllm.usage.usage_lib import UsageContext
 
     kw = {"block_size": cfg.model.block_size} if cfg.model.block_size else {}
     common = dict(model=model_path(cfg), dtype=cfg.model.dtype, max_model_len=cfg.model.max_model_len,
                   tensor_parallel_size=cfg.model.prefill_tp, gpu_memory_utilization=memory_utilization(cfg),
-                  enforce_eager=cfg.model.enforce_eager if cfg.model.enforce_eager is not None else _on_cpu(), seed=0, disable_log_stats=True, **kw)
+                  enforce_eager=enforce_eager(cfg), seed=0, disable_log_stats=True, **kw)
     # vLLM picks scheduler limits by usage context: the pipeline's AsyncLLM (ENGINE_CONTEXT) gets
     # max_num_batched_tokens 2048 / max_num_seqs 128 on CPU, LLM (LLM_CLASS) 4096 / 256. Give the
     # raw engine the pipeline's, as the pipeline's engine arguments resolve them.
