@@ -23,7 +23,7 @@ import os
 from typing import TYPE_CHECKING, Any, Literal
 
 from pipeline.config import Config
-from pipeline.engine.env import engine_env, parse_cpus, pin_descendants
+from pipeline.engine.env import engine_env, parse_cpus, pinned_descendants
 from pipeline.engine.lora import lora_engine_kwargs
 from pipeline.engine.model import model_path
 from pipeline.engine.steps import StepRecorder, step_recorder_factory
@@ -166,10 +166,10 @@ def build_engine(cfg: Config, role: Role, *, cpus: str | None,
         kwargs["kv_transfer_config"] = kv_transfer_config(cfg, role)
     args = AsyncEngineArgs(**kwargs)
     loggers = [step_recorder_factory(recorder)] if recorder is not None else None
-    engine = AsyncLLM.from_engine_args(args, stat_loggers=loggers)
-    if cpus is not None:
-        pin_descendants(parse_cpus(cpus))
-    return engine
+    if cpus is None:
+        return AsyncLLM.from_engine_args(args, stat_loggers=loggers)
+    with pinned_descendants(parse_cpus(cpus)):
+        return AsyncLLM.from_engine_args(args, stat_loggers=loggers)
 
 
 def engine_shape(engine: "AsyncLLM") -> dict[str, int | bool]:

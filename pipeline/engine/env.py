@@ -3,7 +3,10 @@ it at start-up) and the CPU pinning of the engine's processes."""
 
 from __future__ import annotations
 
+import contextlib
 import os
+import threading
+from collections.abc import Iterator
 
 from pipeline.config import Config
 
@@ -90,3 +93,35 @@ def pin_descendants(cpus: set[int]) -> None:
                     os.sched_setaffinity(thread.id, cpus)
         except (psutil.Error, OSError):
             continue
+
+
+# Seconds between two passes of :func:`pinned_descendants` while an engine starts.
+PIN_EVERY_S = 0.5
+
+
+@contextlib.contextmanager
+def pinned_descendants(cpus: set[int], every_s: float = PIN_EVERY_S) -> Iterator[None]:
+    """Run :func:`pin_descendants` every ``every_s`` seconds while the block runs (an engine's
+    start-up), and once more when it ends.
+
+    An engine's start (loading weights, warm-up, torch.compile: 30-120 s on 2 CPU cores) runs in
+    its model-worker process, whose main thread vLLM's NIXL connector moves to the last core as
+    soon as the connector is built, well before ``AsyncLLM.from_engine_args`` returns. Pinning
+    only after the return let a prefill engine restarted beside a busy decode engine do its whole
+    start on the decode engine's core: measured in the chaos soak (``tools/soak.py``), a restart
+    took minutes and the decode rank's rows waited behind it.
+    """
+    stop = threading.Event()
+
+    def loop() -> None:
+        while not stop.wait(every_s):
+            pin_descendants(cpus)
+
+    thread = threading.Thread(target=loop, name="pin-engine-cores", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join()
+        pin_descendants(cpus)

@@ -1,0 +1,48 @@
+"""Pinning an engine's processes while it starts (pipeline.engine.env.pinned_descendants): a child
+process that moves one of its threads off the worker's cores mid-start (as vLLM's NIXL connector
+does to the model worker's main thread) is brought back within the start, not only after it. The
+child is a plain Python process; the affinity it reads back comes from the kernel."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from pipeline.engine.env import pinned_descendants
+
+CORES = sorted(os.sched_getaffinity(0))
+
+# Moves itself to the last core, says so, then prints its affinity each time it is asked.
+CHILD = """
+import os, sys
+os.sched_setaffinity(0, {%d})
+print("moved", flush=True)
+for line in sys.stdin:
+    print(",".join(map(str, sorted(os.sched_getaffinity(0)))), flush=True)
+""" % CORES[-1]
+
+
+@pytest.mark.skipif(len(CORES) < 2, reason="needs two cores to move a thread between")
+def test_a_thread_moved_off_the_cores_during_start_is_brought_back_before_the_start_ends():
+    first = {CORES[0]}
+    with pinned_descendants(first, every_s=0.05):
+        child = subprocess.Popen([sys.executable, "-c", CHILD], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                 text=True)
+        try:
+            assert child.stdout.readline().strip() == "moved"
+            deadline = time.monotonic() + 10
+            while True:  # still inside the block: only the periodic pass can have moved it back
+                child.stdin.write("?\n")
+                child.stdin.flush()
+                seen = {int(c) for c in child.stdout.readline().split(",")}
+                if seen == first or time.monotonic() > deadline:
+                    break
+                time.sleep(0.05)
+            assert seen == first
+        finally:
+            child.stdin.close()
+            child.wait(10)
