@@ -17,7 +17,11 @@ from pipeline.io.atomic import write_json
 from pipeline.runtime.claims import LiveWorkers
 from pipeline.runtime.rundir import RunDir
 
-TASK_RESTARTS = 1  # times an array task killed outright (no result, no exception) is started again
+# Times in a row an array task killed outright (no result, no exception) is started again with no
+# row served by the run in between; a task whose restart was followed by served rows has its count
+# reset, so a run of hours survives any number of faults that are each recovered from, while a task
+# that dies at every start (an engine that cannot start on its node) does not loop.
+TASK_RESTARTS = 2
 LOST_RANK_GRACE_S = 30.0  # seconds decode jobs get to end once no rank serves, before they are cancelled
 
 
@@ -169,24 +173,44 @@ def _killed(job, queue: _QueueCheck) -> bool:
     return False
 
 
-def _restart_killed(run: RunDir, jobs: Jobs, queue: _QueueCheck, restarts: list[int]) -> None:
-    """Start again each array task killed outright (:func:`_killed`) that has restarts left
-    while some shard is neither done nor failed; record the new job in ``RUN_DIR/jobs.json``."""
+@dataclass
+class _Restarts:
+    """Restarts of each array task: ``total`` so far, and ``in_a_row``, those with no row served
+    by the run since the one before (rows done at the last restart: ``rows_at``)."""
+
+    total: int = 0
+    in_a_row: int = 0
+    rows_at: int = -1
+
+
+def _rows_done(run: RunDir) -> int:
+    return sum(p["rows"] for p in run.progress())
+
+
+def _restart_killed(run: RunDir, jobs: Jobs, queue: _QueueCheck, restarts: list[_Restarts]) -> None:
+    """Start again each array task killed outright (:func:`_killed`) while some shard is neither
+    done nor failed, unless it was started again :data:`TASK_RESTARTS` times in a row with no row
+    served by the run in between; record the new job in ``RUN_DIR/jobs.json``."""
     if jobs.restart is None:
         return
     for i, job in enumerate(jobs.array_tasks):
-        if restarts[i] >= TASK_RESTARTS or not _killed(job, queue):
+        if not _killed(job, queue):
+            continue
+        r, rows = restarts[i], _rows_done(run)
+        if rows > r.rows_at:
+            r.in_a_row = 0
+        if r.in_a_row >= TASK_RESTARTS:
             continue
         ended = set(run.done()) | set(run.failed())
         if all(s.name in ended for s in run.shards()):
             return
         why = _failure(job, queue)
-        restarts[i] += 1
+        r.total, r.in_a_row, r.rows_at = r.total + 1, r.in_a_row + 1, rows
         jobs.array_tasks[i] = jobs.restart(i)
         jobs.save(run.path / "jobs.json")
         tqdm.write(f"warning: {why}; array task {i} started again as job {jobs.array_tasks[i].job_id} "
-                   f"(restart {restarts[i]} of {TASK_RESTARTS}): it resumes its claimed rows from their checkpoints",
-                   file=sys.stderr)
+                   f"(restart {r.total}; {r.in_a_row} of {TASK_RESTARTS} in a row without a row served): "
+                   f"it resumes its claimed rows from their checkpoints", file=sys.stderr)
 
 
 def cancel_job(job, grace_s: float = 10.0) -> None:
@@ -231,8 +255,9 @@ def watch(run: RunDir, jobs: Jobs, total_rows: int, progress: bool = True,
     :class:`~pipeline.runtime.claims.LiveWorkers`), ask decode workers to stop and wait for them.
 
     An array task killed outright while shards remain (SIGKILL, out of memory: :func:`_killed`)
-    is started again, :data:`TASK_RESTARTS` times at most, as a warning: it resumes its claimed
-    units from their row checkpoints, so only its rows in flight are served again. A task that
+    is started again, as a warning, unless it was started again :data:`TASK_RESTARTS` times in a
+    row with no row served by the run in between: it resumes its claimed units from their row
+    checkpoints, so only its rows in flight are served again. A task that
     raised fails the run (its cause is named). A decode worker that ends while others live is
     reported as a warning: prefill workers hand its rows to the others.
 
@@ -248,7 +273,7 @@ def watch(run: RunDir, jobs: Jobs, total_rows: int, progress: bool = True,
     queue = _QueueCheck()
     beats = _DecodeBeats(run, run.config().transport.decode_dead_after_s)
     others = _OtherWorkers(run, jobs, beats)
-    restarts = [0] * len(jobs.array_tasks)
+    restarts = [_Restarts() for _ in jobs.array_tasks]
     try:
         while True:
             queue.refresh(jobs.all())

@@ -39,3 +39,41 @@ def test_a_rank_that_never_stopped_counts_as_lost_at_the_end(tmp_path):
     run.publish_decode(0, "tcp://127.0.0.1:1", "decode-0@x", stopped=True)
     run.publish_decode(1, "tcp://127.0.0.1:2", "decode-1@x")  # killed: no last beat
     assert run.lost_decode() == {1: "decode-1@x"}
+
+
+def _killed_outright() -> None:
+    import os
+    import signal
+
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def test_a_killed_task_is_started_again_while_rows_are_served_but_not_in_a_loop(tmp_path):
+    """Real submitit local jobs, each SIGKILLed at once: restarted until TASK_RESTARTS restarts in
+    a row saw no row served; a row served since (a progress file, as a worker writes) lets the
+    next kill be restarted again, so a long run survives any number of recovered faults."""
+    import submitit
+
+    from pipeline.config import compose
+    from pipeline.io.shards import list_shards
+    from pipeline.launch.watch import TASK_RESTARTS, Jobs, _QueueCheck, _restart_killed, _Restarts
+    from tests.helpers import SAMPLE
+
+    cfg = compose(["+job=summarize", f"job.input={SAMPLE}", f"run.dir={tmp_path / 'run'}"])
+    run = RunDir(tmp_path / "run")
+    run.create(cfg, list_shards(SAMPLE), str(tmp_path / "out"))
+    executor = submitit.LocalExecutor(folder=tmp_path / "logs")
+    jobs = Jobs(array_tasks=[executor.submit(_killed_outright)], restart=lambda i: executor.submit(_killed_outright))
+    restarts, queue = [_Restarts()], _QueueCheck()
+
+    def kill_and_watch() -> bool:
+        job = jobs.array_tasks[0]
+        job.wait()
+        _restart_killed(run, jobs, queue, restarts)
+        return jobs.array_tasks[0] is not job
+
+    assert [kill_and_watch() for _ in range(TASK_RESTARTS + 1)] == [True] * TASK_RESTARTS + [False]
+    run.write_progress("prefill-0@x", {"rows": 3, "tokens": 3})
+    assert kill_and_watch() is True
+    assert kill_and_watch() is True and kill_and_watch() is False  # 2 in a row again (TASK_RESTARTS=2)
+    assert restarts[0].total == TASK_RESTARTS + 2 and TASK_RESTARTS == 2
