@@ -210,7 +210,10 @@ class TransportConfig:
     answers a probe (:class:`pipeline.roles.router.DecodeRouter`). ``on_recompute``: what a row
     becomes whose decode worker computed more than its last prompt token itself, its KV not
     having arrived (:mod:`pipeline.roles.recompute`): ``warn`` serves it (counted; the run's
-    summary says so), ``fail`` makes it an error row."""
+    summary says so), ``fail`` makes it an error row. ``abort_reclaim_s``: how long after a decode
+    worker gave up on a hand-off's KV its engine keeps the blocks it allocated for it (a prefill
+    engine may still WRITE them) before taking them back (:mod:`pipeline.engine.reclaim`); vLLM
+    alone keeps them until the KV comes, which it never does once the prefill engine is gone."""
 
     name: str = MISSING
     connector: str = "NixlConnector"  # NixlConnector (decode READs) or NixlPushConnector (prefill WRITEs)
@@ -227,6 +230,7 @@ class TransportConfig:
     ack_timeout_s: float = 30.0  # seconds a hand-off waits for its decode worker to acknowledge it; then another takes the row
     handoff_retries: int = 2  # times a row is prefilled and handed off again after a lost decode
     kv_timeout_s: float = 120.0  # a decode worker gives up on KV that has not arrived after this long
+    abort_reclaim_s: Optional[float] = None  # seconds after giving up on KV that decode frees its blocks; null: twice vLLM's KV lease (60 s)
     decode_dead_after_s: float = 30.0  # a decode worker silent this long (no heartbeat) is dead
     on_recompute: str = "warn"  # decode computed a handed-off row's prompt (its KV did not arrive): warn or fail (an error row)
 
@@ -234,6 +238,8 @@ class TransportConfig:
         _check(self.connector in CONNECTORS, "transport.connector", f"must be one of {sorted(CONNECTORS)}, got {self.connector!r}")
         _check(self.ack_timeout_s > 0, "transport.ack_timeout_s", f"must be > 0, got {self.ack_timeout_s}")
         _check(self.kv_timeout_s > 0, "transport.kv_timeout_s", f"must be > 0, got {self.kv_timeout_s}")
+        _check(self.abort_reclaim_s is None or self.abort_reclaim_s > 0, "transport.abort_reclaim_s",
+               f"must be > 0 or null, got {self.abort_reclaim_s}")
         _check(self.handoff_retries >= 0, "transport.handoff_retries", f"must be >= 0, got {self.handoff_retries}")
         _check(self.nixl_progress_delay_us >= 0, "transport.nixl_progress_delay_us", f"must be >= 0, got {self.nixl_progress_delay_us}")
         _check(self.prefill_idle_pause_ms >= 0, "transport.prefill_idle_pause_ms", f"must be >= 0, got {self.prefill_idle_pause_ms}")

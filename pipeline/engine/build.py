@@ -213,7 +213,8 @@ def kv_transfer_config(cfg: Config, role: Literal["prefill", "decode"]):
     progress-thread delay (microseconds), the pause of a prefill engine's empty steps
     (seconds, :mod:`pipeline.engine.idle`), and whether a pull decode engine READs a hand-off's
     KV in the step that schedules it (:mod:`pipeline.engine.sync_load`, waiting at most
-    ``transport.kv_timeout_s``). A KV load that fails ends its request with
+    ``transport.kv_timeout_s``), and how long a decode engine keeps the blocks of a hand-off it gave
+    up on (``transport.abort_reclaim_s``, :mod:`pipeline.engine.reclaim`). A KV load that fails ends its request with
     ``finish_reason="error"`` (``kv_load_failure_policy="fail"``): the decode worker hands the row
     back to its prefill worker, which prefills it again (:mod:`pipeline.roles.handoff`)."""
     from vllm.config import KVTransferConfig
@@ -225,7 +226,9 @@ def kv_transfer_config(cfg: Config, role: Literal["prefill", "decode"]):
         kv_connector_extra_config={"progress_delay_us": cfg.transport.nixl_progress_delay_us,
                                    "idle_pause_s": cfg.transport.prefill_idle_pause_ms / 1e3,
                                    "sync_kv_load": cfg.transport.sync_kv_load,
-                                   "kv_timeout_s": cfg.transport.kv_timeout_s},
+                                   "kv_timeout_s": cfg.transport.kv_timeout_s,
+                                   **({"abort_reclaim_s": cfg.transport.abort_reclaim_s}
+                                      if cfg.transport.abort_reclaim_s is not None else {})},
         kv_role="kv_producer" if role == "prefill" else "kv_consumer",
         kv_load_failure_policy="fail",
         kv_buffer_device="cpu" if _on_cpu() else "cuda",
