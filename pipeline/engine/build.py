@@ -166,9 +166,10 @@ def build_engine(cfg: Config, role: Role, *, cpus: str | None,
         kwargs["kv_transfer_config"] = kv_transfer_config(cfg, role)
     args = AsyncEngineArgs(**kwargs)
     loggers = [step_recorder_factory(recorder)] if recorder is not None else None
-    if cpus is None:
-        return AsyncLLM.from_engine_args(args, stat_loggers=loggers)
-    with pinned_descendants(parse_cpus(cpus)):
+    # Without a core list of its own the engine stays on the cores this worker was given (Slurm's
+    # allocation, a taskset): vLLM's CPU binding follows them, but its NIXL connector moves the
+    # model worker's main thread to the machine's last core, outside them (pinned_descendants).
+    with pinned_descendants(parse_cpus(cpus) if cpus is not None else os.sched_getaffinity(0)):
         return AsyncLLM.from_engine_args(args, stat_loggers=loggers)
 
 
