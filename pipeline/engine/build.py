@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from pipeline.config import Config
 from pipeline.engine.env import engine_env, parse_cpus, pinned_descendants
+from pipeline.engine.reaper import EngineReaper
 from pipeline.engine.lora import lora_engine_kwargs
 from pipeline.engine.model import model_path
 from pipeline.engine.steps import StepRecorder, step_recorder_factory
@@ -37,6 +38,9 @@ Role = Literal["prefill", "decode", "colocated"]
 #: a GPU; on vLLM's CPU platform a low share (0.3 worked, vLLM's 0.92 refuses to start: DESIGN.md
 #: section 2), the KV cache there being ``model.kv_cache_gib``.
 GPU_MEMORY_UTILIZATION = 0.9
+# The reapers of this process's engines (pipeline.engine.reaper), held for the process's life: a
+# reaper whose pipe is closed (its object collected) would end the engine.
+_REAPERS: list = []
 CPU_MEMORY_UTILIZATION = 0.3
 
 #: ``AsyncEngineArgs`` fields the pipeline sets itself (:func:`pipeline_engine_kwargs`,
@@ -169,7 +173,12 @@ def build_engine(cfg: Config, role: Role, *, cpus: str | None,
     # Without a core list of its own the engine stays on the cores this worker was given (Slurm's
     # allocation, a taskset): vLLM's CPU binding follows them, but its NIXL connector moves the
     # model worker's main thread to the machine's last core, outside them (pinned_descendants).
-    with pinned_descendants(parse_cpus(cpus) if cpus is not None else os.sched_getaffinity(0)):
+    # Its processes are named to a reaper as they appear: they end with this worker, however it
+    # ends (pipeline.engine.reaper).
+    reaper = EngineReaper()
+    _REAPERS.append(reaper)
+    with pinned_descendants(parse_cpus(cpus) if cpus is not None else os.sched_getaffinity(0),
+                            each_pass=reaper.watch_descendants):
         return AsyncLLM.from_engine_args(args, stat_loggers=loggers)
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import contextlib
 import os
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 from pipeline.config import Config
 
@@ -100,9 +100,10 @@ PIN_EVERY_S = 0.5
 
 
 @contextlib.contextmanager
-def pinned_descendants(cpus: set[int], every_s: float = PIN_EVERY_S) -> Iterator[None]:
+def pinned_descendants(cpus: set[int], every_s: float = PIN_EVERY_S,
+                       each_pass: Callable[[], None] | None = None) -> Iterator[None]:
     """Run :func:`pin_descendants` every ``every_s`` seconds while the block runs (an engine's
-    start-up), and once more when it ends.
+    start-up), and once more when it ends; ``each_pass`` (if given) is called after each.
 
     An engine's start (loading weights, warm-up, torch.compile: 30-120 s on 2 CPU cores) runs in
     its model-worker process, whose main thread vLLM's NIXL connector moves to the last core as
@@ -113,9 +114,14 @@ def pinned_descendants(cpus: set[int], every_s: float = PIN_EVERY_S) -> Iterator
     """
     stop = threading.Event()
 
+    def one_pass() -> None:
+        pin_descendants(cpus)
+        if each_pass is not None:
+            each_pass()
+
     def loop() -> None:
         while not stop.wait(every_s):
-            pin_descendants(cpus)
+            one_pass()
 
     thread = threading.Thread(target=loop, name="pin-engine-cores", daemon=True)
     thread.start()
@@ -124,4 +130,4 @@ def pinned_descendants(cpus: set[int], every_s: float = PIN_EVERY_S) -> Iterator
     finally:
         stop.set()
         thread.join()
-        pin_descendants(cpus)
+        one_pass()

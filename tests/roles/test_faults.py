@@ -66,12 +66,26 @@ def test_a_killed_worker_is_started_again_and_a_joined_worker_claims(tmp_path, c
     joiner = _popen(*COMMON, f"run.dir={run_dir}", "pools.prefill=+1")
     parts = run_dir / "checkpoints" / shards[0]
     _until(lambda: list(parts.glob("part-*.parquet")), "a checkpoint of the first shard", first)
-    # A local job's id is its process id; kill prefill-0 and decode rank 0, and their engines.
+    # A local job's id is its process id; kill prefill-0 and decode rank 0, the worker processes
+    # only: their engines' processes (vLLM's, which do not watch the worker) must end with them
+    # (pipeline.engine.reaper), as the operating system's process table says.
     jobs = json.loads((run_dir / "jobs.json").read_text())
+    engines = []
     for job in (jobs["array_tasks"][0], jobs["decode"][0]):
         victim = psutil.Process(int(job))
-        for p in [victim, *victim.children(recursive=True)]:
-            p.send_signal(signal.SIGKILL)
+        (worker,) = [p for p in (victim, *victim.children(recursive=True)) if "submitit.core._submit" in p.cmdline()]
+        engines += [p for p in worker.children(recursive=True) if p.name().startswith("VLLM::")]
+        worker.send_signal(signal.SIGKILL)
+    assert len(engines) >= 4, engines  # an engine core and a model worker each
+    try:
+        gone, alive = psutil.wait_procs(engines, timeout=30)
+        assert not alive, f"engine processes outlived their killed worker by 30 s: {alive}"
+    finally:
+        for p in engines:
+            try:
+                p.kill()
+            except psutil.Error:
+                pass
     saved = sum(pq.read_metadata(p).num_rows for p in parts.glob("part-*.parquet"))
     out, err = first.communicate(timeout=600)
     assert first.returncode == 0, err[-3000:]
