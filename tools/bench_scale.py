@@ -439,8 +439,9 @@ GROWS = {  # top-level entry of a run directory -> (what writes it, what its fil
     "metrics/requests": ("a shard's owner: a Parquet part per checkpoint batch, merged into one once the shard is "
                          "done (before bcc80ba: kept)", "shards (+ the checkpoint batches of the shards in flight; "
                          "before bcc80ba: rows / checkpoint_rows)"),
-    "metrics/workers": ("each worker's engine steps: a Parquet part per FLUSH_EVERY_S (30 s)",
-                        "workers x run time"),
+    "metrics/workers": ("each worker's engine steps: a Parquet part per FLUSH_EVERY_S (30 s), every MERGE_PARTS "
+                        "(16) of a level merged into one (before this: kept)",
+                        "workers x 15 a level, levels = log16(run time / 30 s) (before: workers x run time)"),
     "metrics/dram": ("offload=dram: one per decode process, at its end", "decode processes"),
     "logs": ("submitit: a few files per worker job", "workers"),
     "report": ("python -m pipeline.report", "1 folder, 4-6 files"),

@@ -10,11 +10,15 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.parquet as pq
 
 from pipeline.io.atomic import write_parquet
 from pipeline.io.metrics import WORKER_SCHEMA
 
 FLUSH_EVERY_S = 30.0
+#: Parts (and merged files) of one level merged into one file of the next: a worker running for
+#: hours keeps about MERGE_PARTS files a level (10 h: 1,200 parts, 2 levels), not one a flush.
+MERGE_PARTS = 16
 #: Steps held while their part cannot be written (about 1 KB each); the oldest beyond are dropped.
 HELD_STEPS_MAX = 20_000
 #: Seconds between two warnings while the parts cannot be written.
@@ -42,7 +46,8 @@ KV_STAT_COLUMNS = {
 class StepRecorder:
     """Collects one :data:`WORKER_SCHEMA` row per engine step from vLLM's scheduler and iteration
     stats (a ``StatLoggerBase`` made by :func:`step_recorder_factory`), and writes them to
-    ``RUN_DIR/metrics/workers/<worker>.<pid>.<part>.parquet``, one new part per flush.
+    ``RUN_DIR/metrics/workers/<worker>.<pid>.<part>.parquet``, one new part per flush, every
+    :data:`MERGE_PARTS` of them (and of their merged files, level by level) merged into one.
 
     Cost: one tuple appended per engine step, ~1 us (measured; steps take milliseconds), and a
     Parquet part per ``FLUSH_EVERY_S`` seconds; memory holds only the steps since the last flush
@@ -103,11 +108,37 @@ class StepRecorder:
             self._failed(path, exc)
             return
         self.parts += 1
+        self._merge()
         if self.failing is not None:
             log.warning("engine step metrics written again to %s (%d steps, held while writes failed%s)", path,
                         len(self.rows), f"; {self.lost} dropped" if self.lost else "")
             self.failing = None
         self.rows = []
+
+    def _name(self, first: int, last: int) -> Path:
+        span = f"{first:05d}" if first == last else f"{first:05d}-{last:05d}"
+        return self.directory / f"{self.stem}.{span}.parquet"
+
+    def _merge(self) -> None:
+        """After part ``parts - 1``: for each level ``L`` whose ``MERGE_PARTS ** L`` parts it
+        completes, write their files as one (``<stem>.<first>-<last>.parquet``) and remove them.
+        The merged file is in place before any of its parts is removed; a reader takes it in
+        their place (:func:`pipeline.io.metrics.worker_metrics_files`). A merge that fails leaves
+        the parts as they are (metrics must never take a worker down)."""
+        size = MERGE_PARTS
+        while self.parts % size == 0:
+            first, last, step = self.parts - size, self.parts - 1, size // MERGE_PARTS
+            sources = [self._name(a, a + step - 1) for a in range(first, last + 1, step)]
+            try:
+                merged = pa.concat_tables([pq.read_table(p, schema=WORKER_SCHEMA) for p in sources])
+                write_parquet(merged, self._name(first, last))
+                for p in sources:
+                    p.unlink()
+            except OSError as exc:
+                log.warning("could not merge engine step metrics %s..%s: %s; left as they are",
+                            sources[0].name, sources[-1].name, exc)
+                return
+            size *= MERGE_PARTS
 
     def _failed(self, path: Path, exc: OSError) -> None:
         over = len(self.rows) - HELD_STEPS_MAX

@@ -40,6 +40,10 @@ differences of consecutive ``token_times``; KV hand-off = ``token_times[0] - pre
 ``RUN_DIR/metrics/workers/<worker id>.<pid>.<part>.parquet``: one row per engine step of one
 worker, written by a vLLM stat logger (:class:`StepRecorder`): a new part holds the steps since the
 previous one, written every ``FLUSH_EVERY_S`` seconds while the worker runs and when it stops.
+Every ``MERGE_PARTS`` parts are merged into one ``<worker id>.<pid>.<first>-<last>.parquet``
+(and every ``MERGE_PARTS`` of those, and so on), so a worker has at most about
+``MERGE_PARTS`` files a level however long it runs; a reader takes a merged file in place of the
+parts it covers (:func:`worker_metrics_files`).
 
 ==================  =========  ============================================================
 column              type       meaning
@@ -85,6 +89,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import uuid
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, TypeVar
@@ -270,18 +275,56 @@ def compact_request_metrics(run_path: Path, shard: str) -> int:
     return len(live)
 
 
+# "<stem>.<first>.parquet" or "<stem>.<first>-<last>.parquet" (a merged file): the part numbers held.
+_PART = re.compile(r"^(?P<stem>.+)\.(?P<first>\d{5,})(?:-(?P<last>\d{5,}))?\.parquet$")
+
+
+def worker_part_range(path: Path) -> tuple[str, int, int] | None:
+    """``(stem, first, last)``: the parts a worker-metrics file holds (a part: first == last);
+    None for a name of another form."""
+    m = _PART.match(path.name)
+    if m is None:
+        return None
+    first = int(m["first"])
+    return m["stem"], first, int(m["last"]) if m["last"] else first
+
+
+def worker_metrics_files(run_path: Path) -> list[Path]:
+    """The worker-metrics files of a run to read: each part once, a merged file in place of the
+    parts it covers (a listing taken while a worker merges may hold both)."""
+    files = run_files(Path(run_path) / "metrics" / "workers", "*.parquet")
+    spans: dict[str, list[tuple[int, int]]] = {}
+    for f in files:
+        r = worker_part_range(f)
+        if r is not None:
+            spans.setdefault(r[0], []).append((r[1], r[2]))
+
+    def covered(f: Path) -> bool:
+        r = worker_part_range(f)
+        return r is not None and any(a <= r[1] and r[2] <= b and (a, b) != (r[1], r[2]) for a, b in spans[r[0]])
+
+    return [f for f in files if not covered(f)]
+
+
 def read_worker_metrics(run_path: Path, columns: list[str] | None = None,
                         dictionary: tuple[str, ...] = ()) -> pa.Table:
     """Every worker step row of a run (an empty table with the schema when there is none);
     ``columns``: only these (None: all); ``dictionary``: these string columns read
-    dictionary-encoded (a worker's name once per file, not once per step)."""
-    parts = run_files(Path(run_path) / "metrics" / "workers", "*.parquet")
+    dictionary-encoded (a worker's name once per file, not once per step). A part merged away
+    while it is read (:data:`pipeline.engine.steps.MERGE_PARTS`) makes it list the files again."""
     names = pa.dictionary(pa.int32(), pa.string())
     full = pa.schema([f.with_type(names) if f.name in dictionary else f for f in WORKER_SCHEMA])
     schema = full if columns is None else pa.schema([full.field(c) for c in columns])
-    if not parts:
-        return schema.empty_table()
-    return concat_files(lambda p: pq.read_table(p, schema=full, columns=columns).cast(schema), parts)
+    for attempt in range(5):
+        parts = worker_metrics_files(run_path)
+        if not parts:
+            return schema.empty_table()
+        try:
+            return concat_files(lambda p: pq.read_table(p, schema=full, columns=columns).cast(schema), parts)
+        except FileNotFoundError:
+            if attempt == 4:
+                raise
+    raise AssertionError("unreachable")
 
 
 CONCAT_FILES = 64

@@ -100,3 +100,32 @@ def test_nothing_recorded_writes_and_says_nothing(tmp_path, caplog):
     caplog.set_level(logging.WARNING, "pipeline.engine.steps")
     rec.close()
     assert not (tmp_path / "metrics").exists() and _warnings(caplog) == []
+
+
+def test_parts_are_merged_level_by_level_and_read_once(tmp_path, monkeypatch):
+    """A worker running for hours: its files stay about MERGE_PARTS a level, and every step is
+    read back once, also from a listing taken halfway through a merge (the merged file written,
+    its parts not yet removed)."""
+    from pipeline.io.metrics import read_worker_metrics, worker_metrics_files
+
+    monkeypatch.setattr(steps, "MERGE_PARTS", 4)
+    run = tmp_path / "run"
+    rec = StepRecorder(run, "decode-0@h", "decode")
+    n = 4 * 4 + 4 + 3  # one level-2 file (parts 0-15), one level-1 (16-19), 3 parts
+    for k in range(n):
+        rec.record(*_stats(k))
+        rec.flush()
+    names = sorted(p.name.split(".", 2)[2] for p in (run / "metrics" / "workers").glob("*.parquet"))
+    assert names == ["00000-00015.parquet", "00016-00019.parquet", "00020.parquet", "00021.parquet", "00022.parquet"]
+    assert sorted(_written(run)) == list(range(n))  # pyarrow alone: each step in exactly one file
+    assert read_worker_metrics(run).column("running").to_pylist() == list(range(n))
+    # Halfway through merging 20-23: the merged file is in place, parts 20-22 not yet removed.
+    rec.record(*_stats(n))
+    folder = run / "metrics" / "workers"
+    keep = {p.name: p.read_bytes() for p in folder.glob("*.000[2]?.parquet")}
+    rec.flush()
+    for name, data in keep.items():
+        (folder / name).write_bytes(data)
+    assert len(list(folder.glob("*.parquet"))) == 2 + 3 + 1
+    assert len(worker_metrics_files(run)) == 3
+    assert sorted(read_worker_metrics(run).column("running").to_pylist()) == list(range(n + 1))
