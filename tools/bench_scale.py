@@ -8,6 +8,7 @@ Four sub-commands, each printing Markdown and the machine::
                                                   [--decode 8] [--tokens 32] [--repeats 3]
     .venv/bin/python tools/bench_scale.py checkpoints [--rows 2000] [--every 4,64] [--interval 0,2] [--rate 50]
     .venv/bin/python tools/bench_scale.py growth  [RUN_DIR ...]
+    .venv/bin/python tools/bench_scale.py steps   [--hours 10] [--steps-per-s 20] [--merge 16,0]
     .venv/bin/python tools/bench_scale.py engines [--rows 1000,10000] [--outputs 1,32] [--shards 10]
                                                   [--only raw,coloc,pd] [--json FILE]
 
@@ -31,6 +32,12 @@ Four sub-commands, each printing Markdown and the machine::
   ``job.checkpoint_rows``.
 - **growth**: the files of each kind in run directories (a real run's, or one made by
   ``records``), and what each kind grows with.
+- **steps**: one worker's engine-step metrics over ``--hours`` of run time, through the real
+  :class:`~pipeline.engine.steps.StepRecorder` fed vLLM's own stats objects (``--steps-per-s``
+  steps a second, a part flushed every ``FLUSH_EVERY_S`` of simulated time): its files at the
+  end, the recorder's CPU time (writes and merges), and reading them back
+  (:func:`~pipeline.io.metrics.read_worker_metrics`), for each ``MERGE_PARTS`` of ``--merge``
+  (0: no merging, as before).
 - **engines** (with engines, :mod:`tools.bench_parts.scale_engines`): for each rows x outputs x
   shards, raw vLLM, the pipeline colocated and 1P:1D on the same one-line rows and cores: wall
   and rows/s against raw, CPU per row outside the engine, peak RSS, run-directory files, status,
@@ -467,6 +474,38 @@ def count_files(run_path: Path) -> dict[str, tuple[int, int]]:
     return out
 
 
+# -- steps ----------------------------------------------------------------------------------------
+def bench_steps(work: Path, hours: float, steps_per_s: float, merge: int) -> dict:
+    """A worker's :class:`~pipeline.engine.steps.StepRecorder` over ``hours`` of simulated run
+    time (``steps_per_s`` steps fed as vLLM's stats objects, a flush per ``FLUSH_EVERY_S``),
+    with ``MERGE_PARTS = merge`` (0: never). Returns parts, steps, files at the end, the
+    recorder's CPU seconds, and the seconds and rows of reading them back."""
+    from vllm.v1.metrics.stats import IterationStats, SchedulerStats
+
+    from pipeline.engine import steps as steps_mod
+    from pipeline.io.metrics import read_worker_metrics
+
+    steps_mod.MERGE_PARTS = merge if merge > 0 else 10**9
+    rec = steps_mod.StepRecorder(work, "decode-0@h", "decode")
+    it = IterationStats()
+    it.num_generation_tokens = 8
+    stats = SchedulerStats(num_running_reqs=8, kv_cache_usage=0.5)
+    parts = int(hours * 3600 / steps_mod.FLUSH_EVERY_S)
+    per_part = int(steps_per_s * steps_mod.FLUSH_EVERY_S)
+    cpu0 = time.process_time()
+    for _ in range(parts):
+        for _ in range(per_part):
+            rec.record(stats, it)
+        rec.flush()
+    cpu = time.process_time() - cpu0
+    t0 = time.perf_counter()
+    rows = read_worker_metrics(work).num_rows
+    read_s = time.perf_counter() - t0
+    files = len(list((work / "metrics" / "workers").glob("*.parquet")))
+    return {"merge": merge, "parts": parts, "steps": parts * per_part, "files": files, "cpu_s": cpu,
+            "read_s": read_s, "read_rows": rows}
+
+
 # -- main -----------------------------------------------------------------------------------------
 def _median(ms: list[dict], key: str) -> float:
     return statistics.median(m[key] for m in ms)
@@ -498,6 +537,10 @@ def main(argv: list[str] | None = None) -> int:
     k.add_argument("--rate", type=float, default=0.0, help="rows finishing per second (0: as fast as they can)")
     k.add_argument("--tokens", type=int, default=32)
     k.add_argument("--repeats", type=int, default=3)
+    st = sub.add_parser("steps", help="one worker's engine-step metric files over hours")
+    st.add_argument("--hours", type=float, default=10.0)
+    st.add_argument("--steps-per-s", type=float, default=20.0)
+    st.add_argument("--merge", default="16,0", help="comma-separated MERGE_PARTS values (0: no merging)")
     g = sub.add_parser("growth", help="files of each kind in run directories")
     g.add_argument("run_dirs", nargs="*", metavar="RUN_DIR")
     from tools.bench_parts import scale_engines
@@ -513,6 +556,19 @@ def main(argv: list[str] | None = None) -> int:
         if args.json:
             from tools.benchlib.results import write_json
             write_json(args.json, result)
+        return 0
+    if args.what == "steps":
+        table = []
+        for merge in (int(x) for x in args.merge.split(",")):
+            with tempfile.TemporaryDirectory(prefix="hS-bench-steps-") as tmp:
+                m = bench_steps(Path(tmp), args.hours, args.steps_per_s, merge)
+            table.append([merge or "off", m["parts"], m["steps"], m["files"], f"{m['cpu_s']:.1f}",
+                          f"{m['read_s']:.2f}", m["read_rows"]])
+        print(f"one worker's engine-step metrics over {args.hours:g} h at {args.steps_per_s:g} steps/s "
+              f"(a part per 30 s), no engine\n")
+        print(md_table(["MERGE_PARTS", "parts flushed", "steps", "files at the end", "recorder CPU s",
+                        "read back s", "rows read"], table, "rrrrrrr"))
+        print("\n" + machine_text())
         return 0
     if args.what == "growth":
         rows = [[k, *v] for k, v in GROWS.items()]
