@@ -24,9 +24,9 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from pipeline.config import Config
 from pipeline.engine.env import engine_env, parse_cpus, pinned_descendants
-from pipeline.engine.reaper import EngineReaper
 from pipeline.engine.lora import lora_engine_kwargs
 from pipeline.engine.model import model_path
+from pipeline.engine.reaper import EngineReaper
 from pipeline.engine.steps import StepRecorder, step_recorder_factory
 
 if TYPE_CHECKING:
@@ -38,10 +38,11 @@ Role = Literal["prefill", "decode", "colocated"]
 #: a GPU; on vLLM's CPU platform a low share (0.3 worked, vLLM's 0.92 refuses to start: DESIGN.md
 #: section 2), the KV cache there being ``model.kv_cache_gib``.
 GPU_MEMORY_UTILIZATION = 0.9
+CPU_MEMORY_UTILIZATION = 0.3
+
 # The reapers of this process's engines (pipeline.engine.reaper), held for the process's life: a
 # reaper whose pipe is closed (its object collected) would end the engine.
 _REAPERS: list = []
-CPU_MEMORY_UTILIZATION = 0.3
 
 #: ``AsyncEngineArgs`` fields the pipeline sets itself (:func:`pipeline_engine_kwargs`,
 #: :func:`build_engine`) or leaves at vLLM's default because it relies on it, with the setting to
