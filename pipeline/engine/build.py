@@ -238,8 +238,7 @@ def kv_transfer_config(cfg: Config, role: Literal["prefill", "decode"]):
                                    "idle_pause_s": cfg.transport.prefill_idle_pause_ms / 1e3,
                                    "sync_kv_load": cfg.transport.sync_kv_load,
                                    "kv_timeout_s": cfg.transport.kv_timeout_s,
-                                   **({"abort_reclaim_s": cfg.transport.abort_reclaim_s}
-                                      if cfg.transport.abort_reclaim_s is not None else {})},
+                                   "abort_reclaim_s": cfg.transport.abort_reclaim_s},
         kv_role="kv_producer" if role == "prefill" else "kv_consumer",
         kv_load_failure_policy="fail",
         kv_buffer_device="cpu" if _on_cpu() else "cuda",

@@ -13,7 +13,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from pipeline.io.atomic import write_parquet
-from pipeline.io.metrics import WORKER_SCHEMA
+from pipeline.io.metrics import WORKER_SCHEMA, worker_part_path
 
 FLUSH_EVERY_S = 30.0
 #: Parts (and merged files) of one level merged into one file of the next: a worker running for
@@ -101,7 +101,7 @@ class StepRecorder:
             return
         for r in self.rows:
             r["worker"], r["role"] = self.worker, self.role
-        path = self.directory / f"{self.stem}.{self.parts:05d}.parquet"
+        path = self._name(self.parts, self.parts)
         try:
             write_parquet(pa.Table.from_pylist(self.rows, schema=WORKER_SCHEMA), path)
         except OSError as exc:
@@ -116,8 +116,7 @@ class StepRecorder:
         self.rows = []
 
     def _name(self, first: int, last: int) -> Path:
-        span = f"{first:05d}" if first == last else f"{first:05d}-{last:05d}"
-        return self.directory / f"{self.stem}.{span}.parquet"
+        return worker_part_path(self.directory, self.stem, first, last)
 
     def _merge(self) -> None:
         """After part ``parts - 1``: for each level ``L`` whose ``MERGE_PARTS ** L`` parts it

@@ -279,6 +279,13 @@ def compact_request_metrics(run_path: Path, shard: str) -> int:
 _PART = re.compile(r"^(?P<stem>.+)\.(?P<first>\d{5,})(?:-(?P<last>\d{5,}))?\.parquet$")
 
 
+def worker_part_path(directory: Path, stem: str, first: int, last: int) -> Path:
+    """The worker-metrics file ``<stem>.<first>.parquet`` (one part, ``first == last``) or
+    ``<stem>.<first>-<last>.parquet`` (parts first..last merged) in ``directory``."""
+    span = f"{first:05d}" if first == last else f"{first:05d}-{last:05d}"
+    return directory / f"{stem}.{span}.parquet"
+
+
 def worker_part_range(path: Path) -> tuple[str, int, int] | None:
     """``(stem, first, last)``: the parts a worker-metrics file holds (a part: first == last);
     None for a name of another form."""
@@ -293,17 +300,16 @@ def worker_metrics_files(run_path: Path) -> list[Path]:
     """The worker-metrics files of a run to read: each part once, a merged file in place of the
     parts it covers (a listing taken while a worker merges may hold both)."""
     files = run_files(Path(run_path) / "metrics" / "workers", "*.parquet")
+    ranges = {f: worker_part_range(f) for f in files}
     spans: dict[str, list[tuple[int, int]]] = {}
-    for f in files:
-        r = worker_part_range(f)
+    for r in ranges.values():
         if r is not None:
             spans.setdefault(r[0], []).append((r[1], r[2]))
 
-    def covered(f: Path) -> bool:
-        r = worker_part_range(f)
+    def covered(r: tuple[str, int, int] | None) -> bool:
         return r is not None and any(a <= r[1] and r[2] <= b and (a, b) != (r[1], r[2]) for a, b in spans[r[0]])
 
-    return [f for f in files if not covered(f)]
+    return [f for f in files if not covered(ranges[f])]
 
 
 def read_worker_metrics(run_path: Path, columns: list[str] | None = None,
@@ -311,20 +317,24 @@ def read_worker_metrics(run_path: Path, columns: list[str] | None = None,
     """Every worker step row of a run (an empty table with the schema when there is none);
     ``columns``: only these (None: all); ``dictionary``: these string columns read
     dictionary-encoded (a worker's name once per file, not once per step). A part merged away
-    while it is read (:data:`pipeline.engine.steps.MERGE_PARTS`) makes it list the files again."""
+    while it is read (:data:`pipeline.engine.steps.MERGE_PARTS`) makes it list the files again,
+    up to 5 times."""
     names = pa.dictionary(pa.int32(), pa.string())
     full = pa.schema([f.with_type(names) if f.name in dictionary else f for f in WORKER_SCHEMA])
     schema = full if columns is None else pa.schema([full.field(c) for c in columns])
-    for attempt in range(5):
+
+    def read() -> pa.Table:
         parts = worker_metrics_files(run_path)
         if not parts:
             return schema.empty_table()
+        return concat_files(lambda p: pq.read_table(p, schema=full, columns=columns).cast(schema), parts)
+
+    for _ in range(4):
         try:
-            return concat_files(lambda p: pq.read_table(p, schema=full, columns=columns).cast(schema), parts)
+            return read()
         except FileNotFoundError:
-            if attempt == 4:
-                raise
-    raise AssertionError("unreachable")
+            continue
+    return read()
 
 
 CONCAT_FILES = 64
