@@ -1,9 +1,12 @@
-"""The launcher's view of decode ranks (pipeline.launch.watch), without engines: which ranks
-still serve, and which were lost, from the endpoint files the ranks write."""
+"""The launcher's view of its jobs (pipeline.launch.watch), without engines: which decode ranks
+still serve, and which were lost, from the endpoint files the ranks write; killed array tasks
+started again (real submitit jobs); jobs Slurm holds (a real job on the test Slurm)."""
 
 from __future__ import annotations
 
 import time
+
+import pytest
 
 from pipeline.launch.watch import _DecodeBeats
 from pipeline.runtime.rundir import RunDir
@@ -77,3 +80,36 @@ def test_a_killed_task_is_started_again_while_rows_are_served_but_not_in_a_loop(
     assert kill_and_watch() is True
     assert kill_and_watch() is True and kill_and_watch() is False  # 2 in a row again (TASK_RESTARTS=2)
     assert restarts[0].total == TASK_RESTARTS + 2 and TASK_RESTARTS == 2
+
+
+@pytest.mark.slurm
+def test_a_job_slurm_holds_is_named_with_how_to_release_it(slurm_cluster, tmp_path, capsys):
+    """A real job on the test Slurm, held (``sbatch --hold``: squeue's reason ``JobHeldUser``, as
+    ``launch failed requeued held`` or an operator's ``JobHeldAdmin`` would be): the launcher says
+    once which of the run's jobs it is and how to release it, then that it was released."""
+    import subprocess
+
+    import submitit
+
+    from pipeline.launch.watch import Jobs, _QueueCheck, _warn_held
+
+    out = subprocess.run(["sbatch", "--parsable", "--hold", "-p", "debug", f"--output={tmp_path}/%j.out",
+                          "--wrap", "sleep 30"], capture_output=True, text=True, check=True).stdout
+    job_id = out.strip().split(";")[0]
+    job = submitit.SlurmJob(tmp_path, job_id)
+    jobs, queue, warned = Jobs(array_tasks=[job]), _QueueCheck(every_s=0), {}
+    try:
+        queue.refresh(jobs.all())
+        assert queue.held == {job_id: "JobHeldUser"}, queue.held
+        _warn_held(jobs, queue, warned)
+        _warn_held(jobs, queue, warned)  # once, not at every poll
+        err = capsys.readouterr().err
+        assert err.count(f"job {job_id} (array task 0) is held by Slurm (JobHeldUser)") == 1, err
+        assert f"`scontrol release {job_id}`" in err and "the run waits for its rows" in err, err
+        subprocess.run(["scontrol", "release", job_id], check=True)
+        queue.refresh(jobs.all())
+        assert queue.held == {} and job_id in queue.listed, (queue.held, queue.listed)
+        _warn_held(jobs, queue, warned)
+        assert f"job {job_id} (array task 0) was released" in capsys.readouterr().err
+    finally:
+        subprocess.run(["scancel", job_id])
