@@ -510,6 +510,27 @@ def cmdline(pid: int) -> str:
         return ""
 
 
+def process_state(pid: int) -> str:
+    """``gone`` (no such process, or a zombie: it has ended), ``ending`` (killed: SIGKILL pending,
+    or exiting, the kernel freeing its memory, which took over 20 s for an engine's KV cache on
+    this machine under load) or ``running``; from ``/proc/PID/stat`` (state, and flags'
+    ``PF_EXITING`` = 0x4, linux/sched.h) and ``/proc/PID/status`` (``SigPnd``/``ShdPnd``)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return "gone"
+    fields = stat[stat.rindex(")") + 2:].split()  # after "pid (comm) ": state ppid pgrp ... flags (6th)
+    if fields[0] in ("Z", "X"):
+        return "gone"
+    pending = 0
+    for line in status.splitlines():
+        if line.startswith(("SigPnd:", "ShdPnd:")):
+            pending |= int(line.split()[1], 16)
+    exiting = int(fields[6]) & 0x4
+    return "ending" if exiting or pending & (1 << (signal.SIGKILL - 1)) else "running"
+
+
 def worker_pid(node: str) -> int | None:
     """The pid of the worker process (submitit's ``_submit``) running in ``node``'s namespace."""
     for pid in node_pids(node):
@@ -809,7 +830,9 @@ class Injector:
         for entry in [o for o in self.orphans if time.monotonic() >= o[0]]:
             self.orphans.remove(entry)
             _, pid, kids = entry
-            alive = [k for k in kids if Path(f"/proc/{k}").exists()]
+            states = {k: process_state(k) for k in kids}
+            alive = [k for k, state in states.items() if state == "running"]
+            ending = [k for k, state in states.items() if state == "ending"]
             for k in alive:
                 try:
                     os.kill(k, signal.SIGKILL)
@@ -818,6 +841,9 @@ class Injector:
             if alive:
                 done.append(f"{len(alive)} engine processes of killed pid {pid} outlived it {ORPHAN_CHECK_S:g} s "
                             f"(pids {', '.join(map(str, alive))}); killed, as Slurm's proctrack/cgroup would")
+            if ending:
+                done.append(f"{len(ending)} engine processes of killed pid {pid} were killed but still freeing their "
+                            f"memory {ORPHAN_CHECK_S:g} s later (pids {', '.join(map(str, ending))})")
         if time.monotonic() - self.drain_checked > 30:
             self.drain_checked = time.monotonic()
             for node, reason in drained():
