@@ -165,6 +165,10 @@ class PoolsConfig:
     (xP:yD). ``colocated``: ``prefill`` workers that each run plain vLLM generation.
     ``local_prefill_tokens`` (disaggregated): a row whose prompt has fewer tokens is prefilled
     on its decode worker instead, with no KV transfer (conditional disaggregation; 0: never).
+    ``elastic`` (disaggregated): a decode rank that has had no hand-off for ``elastic_idle_s``
+    seconds claims work units as a prefill worker does and serves their rows in its own engine,
+    prefill and decode, until hand-offs come again (issue #40: a decode pool sized too large for
+    the run's outputs then still works; hand-offs join its batches meanwhile).
     ``auto``: the planner chooses one of the two for ``prefill + decode`` workers from
     ``sample_rows`` rows of the input and the ``hardware`` preset (None: ``cpu`` without a
     GPU, else ``h100``) or a finished run's measured speeds (``calibration``: its run
@@ -174,6 +178,8 @@ class PoolsConfig:
     prefill: int = 1  # prefill workers (colocated: workers)
     decode: int = 1  # decode workers (disaggregated only)
     local_prefill_tokens: int = 0  # prompts shorter than this are prefilled on decode; 0: never
+    elastic: bool = False  # disaggregated: an idle decode rank claims work units and serves them colocated
+    elastic_idle_s: float = 2.0  # pools.elastic: seconds a decode rank had no hand-off before it claims a unit
     hardware: Optional[str] = None  # pools=auto: hardware preset; null: cpu without a GPU, else h100
     calibration: Optional[str] = None  # pools=auto: a finished run's directory to take measured speeds from
     sample_rows: int = 2000  # pools=auto: input rows sampled to plan from
@@ -185,6 +191,9 @@ class PoolsConfig:
         _check(self.local_prefill_tokens >= 0, "pools.local_prefill_tokens",
                f"must be >= 0, got {self.local_prefill_tokens}")
         _check(self.sample_rows >= 1, "pools.sample_rows", f"must be >= 1, got {self.sample_rows}")
+        _check(self.elastic_idle_s >= 0, "pools.elastic_idle_s", f"must be >= 0, got {self.elastic_idle_s}")
+        _check(not self.elastic or self.mode != "colocated", "pools.elastic",
+               "needs disaggregated pools (pools=disaggregated or pools=auto): colocated workers serve every row already")
 
 
 @dataclass

@@ -1,7 +1,9 @@
 """Decode worker: accepts hand-offs over the control channel, lets vLLM take each request's KV
 over NIXL (``do_remote_prefill``), runs continuous batching across all live requests, and
-answers each hand-off with its generation. Exits when nothing is in flight and either every
-shard is done or failed, or the launcher asked it to stop."""
+answers each hand-off with its generation. With ``pools.elastic`` it also claims work units
+while no hand-off comes and serves them colocated in its engine (:meth:`DecodeServer.take_units`).
+Exits when nothing is in flight and either every shard is done or failed, or the launcher asked
+it to stop."""
 
 from __future__ import annotations
 
@@ -27,6 +29,7 @@ from pipeline.roles.errors import is_worker_failure
 from pipeline.roles.recompute import NORMAL_COMPUTED, computed_on_decode, recompute_error
 from pipeline.runtime import failpoints
 from pipeline.runtime.addresses import worker_host
+from pipeline.runtime.claims import Claims
 from pipeline.runtime.ids import worker_id
 from pipeline.runtime.ports import start_on_side_channel
 from pipeline.runtime.rundir import RunDir
@@ -60,6 +63,8 @@ async def _decode(run: RunDir, rank: int, cpus: str | None) -> str:
     run.mark_engine_ready(worker, "decode", started, engine_shape(engine))
     server = DecodeServer(run, cfg, rank, worker, engine, host)
     try:
+        if cfg.pools.elastic:
+            server.start_taking_units()
         await server.serve_forever()
     finally:
         server.close()
@@ -115,6 +120,43 @@ class DecodeServer:
         # transport.handoff_timeout_s (that worker died between reserving and handing off) is
         # released.
         self.reserved: dict[str, tuple[list[int], float]] = {}
+        self.last_handoff = time.monotonic()  # of the last hand-off or reservation received
+        self.taking: asyncio.Task | None = None  # pools.elastic: take_units
+        self.claims: Claims | None = None
+
+    def start_taking_units(self) -> None:
+        """``pools.elastic``: claim work units while idle (:meth:`take_units`), as worker
+        ``decode-RANK`` in the claims (a requeued rank resumes its own; a lost one's are taken
+        over as a prefill worker's are)."""
+        self.claims = Claims(self.run.path, self.worker.split("@")[0])
+        self.claims.start_heartbeat()
+        self.taking = asyncio.create_task(self.take_units())
+
+    def idle(self) -> bool:
+        """No hand-off in flight, and none received for ``pools.elastic_idle_s`` seconds."""
+        return not self.serving and time.monotonic() - self.last_handoff >= self.cfg.pools.elastic_idle_s
+
+    async def take_units(self) -> None:
+        """While this rank is :meth:`idle`, claim work units (the prefill workers' claims:
+        :func:`pipeline.roles.work.own_shards`) and serve their rows in this engine, prefill and
+        decode (:func:`pipeline.roles.colocated.colocated_serve`: their ``prefill_worker`` names
+        this rank, their ``decode_worker`` is null as in any colocated row); stop claiming when a hand-off comes (the units taken are served to the end, the
+        hand-offs joining the engine's batches meanwhile), and claim again once idle. Ends when
+        the run is settled or asked to stop."""
+        from pipeline.engine.model import load_tokenizer
+        from pipeline.roles.colocated import colocated_serve
+        from pipeline.roles.shard_owner import Progress
+        from pipeline.roles.work import own_shards
+
+        tokenizer = await asyncio.to_thread(load_tokenizer, self.cfg)
+        serve = colocated_serve(self.cfg, self.engine, self.worker, self.run.sample_lists())
+        progress = Progress(self.run, self.worker)
+        poll_s = min(1.0, max(0.1, self.cfg.pools.elastic_idle_s / 2))
+        while not (self.run.stop_requested() or await asyncio.to_thread(self.run.all_settled)):
+            if self.idle():
+                await own_shards(self.run, self.cfg, self.claims, self.worker, tokenizer, serve,
+                                 progress=progress, keep_claiming=self.idle)
+            await asyncio.sleep(poll_s)
 
     def _publish(self) -> None:
         self.run.publish_decode(self.rank, self.endpoint, self.worker, self.capacity, self.dram_capacity,
@@ -140,8 +182,13 @@ class DecodeServer:
         while True:
             if await self.sock.poll(200, zmq.POLLIN):
                 await self._receive()
-            elif not self.live and (self.run.stop_requested() or self.run.all_settled()):
+            elif not self.live and (self.taking is None or self.taking.done()) and (
+                    self.run.stop_requested() or self.run.all_settled()):
+                if self.taking is not None:
+                    self.taking.result()  # its failure is this worker's
                 return
+            elif self.taking is not None and self.taking.done() and self.taking.exception() is not None:
+                raise self.taking.exception()
             for request_id, (_, at) in list(self.reserved.items()):
                 if time.monotonic() - at > self.cfg.transport.handoff_timeout_s:
                     log.warning("releasing the DRAM-tier slots of %s: no hand-off came for them, and its prefill "
@@ -165,6 +212,8 @@ class DecodeServer:
             return
         if isinstance(msg, (Handoff, Reserve, Probe)):
             await self._answer(peer, Received(request_id=getattr(msg, "request_id", None)))
+        if isinstance(msg, (Handoff, Reserve)):
+            self.last_handoff = time.monotonic()
         if isinstance(msg, Cancel):
             # Its prefill worker got no acknowledgment in time (a cut link delivers the hand-off
             # late, then this) and serves the row elsewhere.
@@ -337,6 +386,10 @@ class DecodeServer:
 
     def close(self) -> None:
         self.beating.cancel()
+        if self.taking is not None:
+            self.taking.cancel()
+        if self.claims is not None:
+            self.claims.stop_heartbeat()
         try:
             self.run.publish_decode(self.rank, self.endpoint, self.worker, self.capacity, self.dram_capacity,
                                     stopped=True)

@@ -14,6 +14,7 @@ from pipeline.engine.steps import StepRecorder
 from pipeline.roles.handoff import PrefillHandoff
 from pipeline.roles.router import DecodeRouter, wait_for_decode
 from pipeline.roles.work import claim_first, own_shards
+from pipeline.runtime import failpoints
 from pipeline.runtime.addresses import worker_host
 from pipeline.runtime.claims import Claims
 from pipeline.runtime.ids import worker_id
@@ -36,6 +37,8 @@ async def _prefill(run: RunDir, task: int, limit: int | None, cpus: str | None) 
     if claim_first(run, claims, limit) is None:
         return worker  # every shard is done or held by a live worker: no engine to start
     claims.start_heartbeat()
+    # Fault injection (tests only): a prefill worker that comes up late (pools.elastic).
+    await asyncio.sleep(failpoints.prefill_start_delay_s())
     host = worker_host(cfg)
     recorder = StepRecorder(run.path, worker, "prefill")
     # A taken port fails fast, named; a free port lost before vLLM bound it is picked again.

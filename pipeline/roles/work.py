@@ -6,7 +6,7 @@ split shards whose parts are all written (:mod:`pipeline.io.units`)."""
 from __future__ import annotations
 
 import asyncio
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 from pipeline.config import Config
 from pipeline.io.shards import Shard
@@ -17,10 +17,13 @@ from pipeline.runtime.rundir import RunDir
 
 
 async def own_shards(run: RunDir, cfg: Config, claims: Claims, worker: str, tokenizer: Any,
-                     serve: ServeRow, limit: int | None = None) -> None:
+                     serve: ServeRow, limit: int | None = None, progress: Progress | None = None,
+                     keep_claiming: Callable[[], bool] = lambda: True) -> None:
     """Claim units one after another (this worker's own first, then the next nobody holds, in
     input order) and serve each, skipping those already done or failed; at most ``limit`` units
-    in all (None: until none is left).
+    in all (None: until none is left). ``keep_claiming``: asked before each claim; false ends
+    the claiming (the units taken are served to the end). ``progress``: the worker's, when it
+    calls this more than once (default: a new one).
 
     At most ``job.batch_rows`` rows are being served at once across the worker, whatever the
     number and size of the units: the next unit is claimed as soon as every row of the
@@ -29,14 +32,14 @@ async def own_shards(run: RunDir, cfg: Config, claims: Claims, worker: str, toke
     an error row: every input row gives exactly one output row, in input order. A shard that
     cannot be read or written is recorded as failed (``RUN_DIR/failed/``) and the others go on.
     """
-    progress = Progress(run, worker)
+    progress = progress or Progress(run, worker)
     shards = {s.index: s for s in run.shards()}
     units = run.units()
     slots = asyncio.Semaphore(cfg.job.batch_rows)
     finishing, started = [], set()
     try:
         await asyncio.to_thread(assemble_ready, run, claims, tokenizer, progress, worker)
-        while (i := next_unit(run, claims, units, shards, limit, started)) is not None:
+        while keep_claiming() and (i := next_unit(run, claims, units, shards, limit, started)) is not None:
             started.add(i)
             owner = ShardOwner(run, cfg, shards[units[i].shard], worker, tokenizer, serve, slots, progress,
                                still_mine=lambda i=i: claims.holds(i), unit=units[i],

@@ -12,6 +12,9 @@ every fault a test can inject is in this one module (and in docs/development.md,
 - :data:`KV_SKIPS` (:func:`kv_skips`): a decode worker serves the next N hand-offs it takes over
   NIXL (after those :data:`KV_FAULTS` breaks) without loading their KV, so vLLM computes their
   prompts on decode: KV that silently did not arrive (:mod:`pipeline.roles.recompute`);
+- :data:`PREFILL_START_DELAY_S` (:func:`prefill_start_delay_s`): a prefill worker sleeps this
+  many seconds after its first claim, before it starts its engine (a prefill pool that runs
+  short: what ``pools.elastic`` decode ranks make up for);
 - :data:`PREFILL_FREEZE_S` (:func:`prefill_freeze_s`, :func:`freeze_children`): after its second
   prefill a prefill worker stops its engine's processes for this many seconds (SIGSTOP, then
   SIGCONT), as on a hung node.
@@ -30,6 +33,7 @@ DECODE_START_DELAY_S = "PD_PIPELINE_INJECT_DECODE_START_DELAY_S"
 KV_FAULTS = "PD_PIPELINE_INJECT_KV_FAULTS"
 KV_SKIPS = "PD_PIPELINE_INJECT_KV_SKIPS"
 PREFILL_FREEZE_S = "PD_PIPELINE_INJECT_PREFILL_FREEZE_S"
+PREFILL_START_DELAY_S = "PD_PIPELINE_INJECT_PREFILL_START_DELAY_S"
 
 #: Every failpoint's environment variable -> what setting it does.
 FAILPOINTS = {
@@ -37,6 +41,7 @@ FAILPOINTS = {
     KV_FAULTS: "the first N hand-offs a decode worker takes over NIXL never get their KV",
     KV_SKIPS: "the next N hand-offs a decode worker takes over NIXL are served without loading their KV",
     PREFILL_FREEZE_S: "seconds a prefill worker's engine processes stop after its second prefill",
+    PREFILL_START_DELAY_S: "seconds a prefill worker sleeps after its first claim, before it starts its engine",
 }
 
 
@@ -66,6 +71,16 @@ def decode_start_delay_s() -> float:
         ValueError: the variable is set to something other than a non-negative number.
     """
     return float(_number(DECODE_START_DELAY_S, float))
+
+
+def prefill_start_delay_s() -> float:
+    """Seconds a prefill worker waits after its first claim before it starts its engine
+    (:data:`PREFILL_START_DELAY_S`; 0.0 unless set).
+
+    Raises:
+        ValueError: the variable is set to something other than a non-negative number.
+    """
+    return float(_number(PREFILL_START_DELAY_S, float))
 
 
 def kv_faults() -> int:
