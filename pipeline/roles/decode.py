@@ -126,8 +126,9 @@ class DecodeServer:
 
     def start_taking_units(self) -> None:
         """``pools.elastic``: claim work units while idle (:meth:`take_units`), as worker
-        ``decode-RANK`` in the claims (a requeued rank resumes its own; a lost one's are taken
-        over as a prefill worker's are)."""
+        ``decode-RANK`` in the claims, with its own heartbeat there: a requeued rank resumes its
+        own units; a lost one's are taken over by a worker still claiming, as a prefill
+        worker's are; the launcher waits for it as for any worker serving the run."""
         self.claims = Claims(self.run.path, self.worker.split("@")[0])
         self.claims.start_heartbeat()
         self.taking = asyncio.create_task(self.take_units())
@@ -140,9 +141,14 @@ class DecodeServer:
         """While this rank is :meth:`idle`, claim work units (the prefill workers' claims:
         :func:`pipeline.roles.work.own_shards`) and serve their rows in this engine, prefill and
         decode (:func:`pipeline.roles.colocated.colocated_serve`: their ``prefill_worker`` names
-        this rank, their ``decode_worker`` is null as in any colocated row); stop claiming when a hand-off comes (the units taken are served to the end, the
-        hand-offs joining the engine's batches meanwhile), and claim again once idle. Ends when
-        the run is settled or asked to stop."""
+        this rank, their ``decode_worker`` is null as in any colocated row); stop claiming when
+        a hand-off comes (the units taken are served to the end, the hand-offs joining the
+        engine's batches meanwhile), and claim again once idle. Ends when the run is settled or
+        asked to stop.
+
+        Raises:
+            Exception: a worker failure while serving a unit (its engine died).
+        """
         from pipeline.engine.model import load_tokenizer
         from pipeline.roles.colocated import colocated_serve
         from pipeline.roles.shard_owner import Progress
