@@ -1,10 +1,11 @@
 """tools/soak.py's pure parts: the seeded fault schedule and its rules, the output check, and
-the table and verdict from a canned result (no Slurm, no engine; the soak itself is a tool run
-by hand or nightly)."""
+the table and verdict from a canned result, and how it tells a process that ended from one
+that outlived its worker (no Slurm, no engine; the soak itself is a tool run by hand or nightly)."""
 
 from __future__ import annotations
 
 from collections import Counter
+from pathlib import Path
 
 import pytest
 
@@ -170,3 +171,27 @@ def test_a_rows_text_depends_on_its_index_alone(tmp_path, monkeypatch):
     assert tail == {i: every[i] for i in ids[6:]}
     assert len(set(every.values())) == 10
     assert every["soak-000003"] == "Note 2 on the b module.\n\nb2\n\nb3\n\nb1"  # b, rotated by one
+
+
+def test_a_process_that_ended_is_gone_even_while_its_parent_has_not_reaped_it():
+    """The soak reports engine processes that outlive their killed worker; one that has ended (a
+    zombie, not yet reaped) or is still being killed must not count as outliving it."""
+    import signal
+    import subprocess
+    import time
+
+    from tools.soak import process_state
+
+    p = subprocess.Popen(["sleep", "60"])
+    try:
+        assert process_state(p.pid) == "running"
+        p.send_signal(signal.SIGKILL)
+        deadline = time.monotonic() + 10
+        while process_state(p.pid) != "gone":  # a zombie: /proc/PID is still there until the wait
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        assert Path(f"/proc/{p.pid}").exists()
+    finally:
+        p.kill()
+        p.wait()
+    assert process_state(p.pid) == "gone"
