@@ -70,21 +70,27 @@ def _row(decode_worker, error, prompt, kv, handoff_s) -> RowResult:
 def test_done_markers_and_the_summary_printed_at_the_end(tmp_path):
     # A shard owner's totals over its output rows (an output row was handed off with its KV when
     # kv_handoff_s is not null), in two batches, as two shards' done markers.
-    first = SimpleNamespace(totals={"rows": 0, "errors": 0, "prompt_tokens": 0, "output_tokens": 0, "kv_bytes": 0,
-                                    "decode_kv": dict.fromkeys(COUNTS, 0)})
+    first = SimpleNamespace(worker="prefill-0@h", totals={"rows": 0, "errors": 0, "prompt_tokens": 0,
+                                                          "output_tokens": 0, "kv_bytes": 0, "decode_rank_rows": 0,
+                                                          "decode_kv": dict.fromkeys(COUNTS, 0)})
     ShardOwner._count(first, [_row("decode-0@h", None, 100, 99, 0.1), _row("decode-0@h", None, 100, 0, 0.1)])
     ShardOwner._count(first, [_row("decode-0@h", None, 40, 0, None), _row(None, "text is null", None, 0, None)])
     # 2 handed off: 1 + 100 computed, the second recomputed; one of 40 tokens prefilled on decode.
     assert first.totals["decode_kv"] == {**dict.fromkeys(COUNTS, 0), "rows": 2, "kv_loaded_rows": 1,
                                          "recomputed_rows": 1, "prompt_tokens": 200, "computed_tokens": 101,
                                          "recomputed_tokens": 100, "local_rows": 1, "local_tokens": 40}
-    second = SimpleNamespace(totals={**first.totals, "decode_kv": dict.fromkeys(COUNTS, 0)})
+    second = SimpleNamespace(worker="prefill-1@h", totals={**first.totals, "decode_kv": dict.fromkeys(COUNTS, 0)})
     ShardOwner._count(second, [_row("decode-1@h", FAIL, 50, 20, None)])  # 30 computed, an error row
+    # An elastic decode rank's unit (pools.elastic): its rows served colocated, no decode worker,
+    # counted apart and not as KV that moved.
+    third = SimpleNamespace(worker="decode-0@h", totals={**dict.fromkeys(first.totals, 0), "decode_kv": dict.fromkeys(COUNTS, 0)})
+    ShardOwner._count(third, [_row(None, None, 60, None, None), _row(None, None, 70, None, None)])
+    assert third.totals["decode_rank_rows"] == 2 and third.totals["decode_kv"] == dict.fromkeys(COUNTS, 0)
     done = tmp_path / "done"
     done.mkdir()
-    for name, owner in (("a.parquet", first), ("b.parquet", second)):
+    for name, owner in (("a.parquet", first), ("b.parquet", second), ("c.parquet", third)):
         (done / f"{name}.json").write_text(json.dumps({"shard": name, **owner.totals, "resumed_rows": 0}))
-    s = summarize(RunDir(tmp_path), "out", 2, 10.0)
+    s = summarize(RunDir(tmp_path), "out", 3, 10.0)
     want = {**dict.fromkeys(COUNTS, 0), "rows": 3, "kv_loaded_rows": 1, "recomputed_rows": 2, "prompt_tokens": 250,
             "computed_tokens": 131, "recomputed_tokens": 130, "local_rows": 1, "local_tokens": 40}
     assert s.decode_kv == want
@@ -93,3 +99,7 @@ def test_done_markers_and_the_summary_printed_at_the_end(tmp_path):
             "(at most 1 a row when its KV arrived) | 1 rows prefilled on decode on purpose "
             "(pools.local_prefill_tokens): 40 prompt tokens | warning: decode recomputed the prompt of 2 of 3 rows "
             "(130 prompt tokens): their KV did not arrive (transport.on_recompute)\n") in s.text() + "\n"
+    # Rows by hand: a 4, b 5 (its totals began as a's 4, plus 1), c 2, of which c's 2 by decode-0.
+    assert (s.rows, s.decode_rank_rows) == (11, 2)
+    assert ("\npools.elastic: decode ranks served 2 of the 11 rows on their own (prefill and decode, no hand-off); "
+            "prefill workers the other 9") in s.text()
