@@ -25,11 +25,11 @@ from pipeline.engine.model import model_kv_bytes_per_token
 from pipeline.engine.steps import StepRecorder
 from pipeline.engine.stream import FirstTokenTimeout, RequestFailed, Streamed, stream_row, stream_samples
 from pipeline.io.metrics import write_dram_use
+from pipeline.roles.elastic import ElasticDecode
 from pipeline.roles.errors import is_worker_failure
 from pipeline.roles.recompute import NORMAL_COMPUTED, computed_on_decode, recompute_error
 from pipeline.runtime import failpoints
 from pipeline.runtime.addresses import worker_host
-from pipeline.runtime.claims import Claims
 from pipeline.runtime.ids import worker_id
 from pipeline.runtime.ports import start_on_side_channel
 from pipeline.runtime.rundir import RunDir
@@ -73,7 +73,7 @@ async def _decode(run: RunDir, rank: int, cpus: str | None) -> str:
     return worker
 
 
-class DecodeServer:
+class DecodeServer(ElasticDecode):
     """One decode rank's control socket and its requests in flight.
 
     Binds a ZeroMQ ROUTER on ``host`` and publishes its endpoint (and KV/DRAM-tier capacity) in
@@ -122,47 +122,7 @@ class DecodeServer:
         self.reserved: dict[str, tuple[list[int], float]] = {}
         self.last_handoff = time.monotonic()  # of the last hand-off or reservation received
         self.taking: asyncio.Task | None = None  # pools.elastic: take_units
-        self.claims: Claims | None = None
-
-    def start_taking_units(self) -> None:
-        """``pools.elastic``: claim work units while idle (:meth:`take_units`), as worker
-        ``decode-RANK`` in the claims, with its own heartbeat there: a requeued rank resumes its
-        own units; a lost one's are taken over by a worker still claiming, as a prefill
-        worker's are; the launcher waits for it as for any worker serving the run."""
-        self.claims = Claims(self.run.path, self.worker.split("@")[0])
-        self.claims.start_heartbeat()
-        self.taking = asyncio.create_task(self.take_units())
-
-    def idle(self) -> bool:
-        """No hand-off in flight, and none received for ``pools.elastic_idle_s`` seconds."""
-        return not self.serving and time.monotonic() - self.last_handoff >= self.cfg.pools.elastic_idle_s
-
-    async def take_units(self) -> None:
-        """While this rank is :meth:`idle`, claim work units (the prefill workers' claims:
-        :func:`pipeline.roles.work.own_shards`) and serve their rows in this engine, prefill and
-        decode (:func:`pipeline.roles.colocated.colocated_serve`: their ``prefill_worker`` names
-        this rank, their ``decode_worker`` is null as in any colocated row); stop claiming when
-        a hand-off comes (the units taken are served to the end, the hand-offs joining the
-        engine's batches meanwhile), and claim again once idle. Ends when the run is settled or
-        asked to stop.
-
-        Raises:
-            Exception: a worker failure while serving a unit (its engine died).
-        """
-        from pipeline.engine.model import load_tokenizer
-        from pipeline.roles.colocated import colocated_serve
-        from pipeline.roles.shard_owner import Progress
-        from pipeline.roles.work import own_shards
-
-        tokenizer = await asyncio.to_thread(load_tokenizer, self.cfg)
-        serve = colocated_serve(self.cfg, self.engine, self.worker, self.run.sample_lists())
-        progress = Progress(self.run, self.worker)
-        poll_s = min(1.0, max(0.1, self.cfg.pools.elastic_idle_s / 2))
-        while not (self.run.stop_requested() or await asyncio.to_thread(self.run.all_settled)):
-            if self.idle():
-                await own_shards(self.run, self.cfg, self.claims, self.worker, tokenizer, serve,
-                                 progress=progress, keep_claiming=self.idle)
-            await asyncio.sleep(poll_s)
+        self.claims = None  # pools.elastic: this rank's Claims
 
     def _publish(self) -> None:
         self.run.publish_decode(self.rank, self.endpoint, self.worker, self.capacity, self.dram_capacity,

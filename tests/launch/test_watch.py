@@ -91,7 +91,8 @@ def test_a_job_slurm_holds_is_named_with_how_to_release_it(slurm_cluster, tmp_pa
 
     import submitit
 
-    from pipeline.launch.watch import Jobs, _QueueCheck, _warn_held
+    from pipeline.launch.queue import _QueueCheck, warn_held as _warn_held
+    from pipeline.launch.watch import Jobs
 
     out = subprocess.run(["sbatch", "--parsable", "--hold", "-p", "debug", f"--output={tmp_path}/%j.out",
                           "--wrap", "sleep 30"], capture_output=True, text=True, check=True).stdout
