@@ -41,6 +41,7 @@ class Summary:
     # did the KV move: pipeline.roles.recompute.kv_counts over the output rows (summed done markers)
     decode_kv: dict | None = None
     decode_rank_rows: int = 0  # rows decode ranks served on their own, prefill and decode (pools.elastic)
+    prefill_local_rows: int = 0  # rows prefill workers served on their own, prefill and decode (pools.elastic)
 
     @property
     def output_tokens_per_s(self) -> float:
@@ -55,9 +56,10 @@ class Summary:
                 f"run dir: {self.run_dir}"
                 + (f"\nreport: {self.report['report_dir']} | {_latency_line(self.report)}" if self.report else "")
                 + (f"\n{kv_text(self.decode_kv)}" if kv_text(self.decode_kv) else "")
-                + (f"\npools.elastic: decode ranks served {self.decode_rank_rows} of the {self.rows} rows on their own "
-                   f"(prefill and decode, no hand-off); prefill workers the other {self.rows - self.decode_rank_rows}"
-                   if self.decode_rank_rows else "")
+                + (f"\npools.elastic: of the {self.rows} rows, decode ranks served {self.decode_rank_rows} on their own and "
+                   f"prefill workers {self.prefill_local_rows} (prefill and decode in one engine, no hand-off); "
+                   f"the other {self.rows - self.decode_rank_rows - self.prefill_local_rows} went through prefill "
+                   f"workers (handed off, or error rows)" if self.decode_rank_rows or self.prefill_local_rows else "")
                 + "".join(f"\nfailed shard {name}: {why}" for name, why in self.failed.items())
                 + "".join(f"\ndecode rank {rank} ({worker}) was lost during the run; the other decode ranks "
                           f"served its rows" for rank, worker in self.lost_decode.items()))
@@ -328,6 +330,7 @@ def summarize(run: RunDir, output: str, n_shards: int, wall_s: float, final: boo
         lost_decode=run.lost_decode() if final else {},
         decode_kv=functools.reduce(add_counts, (d.get("decode_kv") for d in done.values()), add_counts(None, None)),
         decode_rank_rows=sum(d.get("decode_rank_rows", 0) for d in done.values()),
+        prefill_local_rows=sum(d.get("prefill_local_rows", 0) for d in done.values()),
     )
     if final:
         write_json(run.path / "summary.json", {**asdict(summary), "output_tokens_per_s": summary.output_tokens_per_s})

@@ -1,18 +1,21 @@
-"""Elastic pools (issue #40, part 1: decode ranks take work when prefill runs short), on real
-engines and NIXL.
+"""Elastic pools (issue #40: roles as preferences), on real engines and NIXL.
 
-A 1P:1D push run with ``pools.elastic=true`` over the sample split into six units of 4 rows
-(``job.unit_rows=4``), whose prefill worker claims its first unit and then comes up 10 s late
+A 1P:1D push run with ``pools.elastic=true`` and ``pools.elastic_decode_rows=1`` (a decode rank
+decoding one row is full) over the sample split into six units of 4 rows (``job.unit_rows=4``),
+whose prefill worker claims its first unit and then comes up 10 s late
 (``PD_PIPELINE_INJECT_PREFILL_START_DELAY_S``, on top of its engine's start): its pool runs
-short. The decode rank, idle with no hand-off, claims the other units and serves them in its own
-engine; the prefill worker, once up, serves its unit by hand-offs and finds nothing left.
+short. The decode rank, not full, claims units one at a time and serves them in its own engine.
+The prefill worker, once up, serves a row alone whenever the decode rank is full (serving a
+unit, or one hand-off), and hands it off otherwise. Which units each side gets depends on the
+two engines' speeds; what must hold does not.
 
 Checked against what the output and the run directory say independently of the pipeline's
-report: every row once and, row for row, the colocated run's greedy tokens (float32); the rows
-of the first unit (the first 4 of the first shard) prefilled on the prefill worker with their
-KV moved to the decode rank (``kv_tokens``: all of the prompt but at most its last token), every
-other row served by the decode rank alone (``prefill_worker`` names it, no KV moved); the claim
-files name the decode rank for units 1-5.
+report: every row once and, row for row, the colocated run's greedy tokens (float32); each
+unit's rows served by the worker its claim file names: the decode rank alone
+(``prefill_worker`` names it, no KV moved), or the prefill worker by hand-off (``kv_tokens``: all
+of the prompt but at most its last token) or alone (``decode_worker`` null, no KV); the decode
+rank took a unit and the prefill worker served rows alone; the summary line's counts are those
+of the output.
 """
 
 from __future__ import annotations
@@ -27,11 +30,12 @@ SHARDS = ["part-00000.parquet", "part-00001.parquet", "part-00002.parquet"]
 
 
 @pytest.mark.e2e
-def test_an_idle_decode_rank_takes_units_and_serves_them_colocated(tmp_path, colocated_run):
+def test_pools_rebalance_decode_takes_units_and_prefill_serves_rows_when_decode_is_full(tmp_path, colocated_run):
     run_dir, out = tmp_path / "run", tmp_path / "out"
     p = run_pipeline(*COMMON, f"job.input={SAMPLE}", f"job.output={out}", f"run.dir={run_dir}",
                      "pools=disaggregated", "transport=nixl_push", "pools.elastic=true", "pools.elastic_idle_s=0.5",
-                     "job.unit_rows=4", env={"PD_PIPELINE_INJECT_PREFILL_START_DELAY_S": "10"})
+                     "pools.elastic_decode_rows=1", "job.unit_rows=4",
+                     env={"PD_PIPELINE_INJECT_PREFILL_START_DELAY_S": "10"})
     assert p.returncode == 0, p.stderr[-4000:]
     assert "rows 24: 24 generated, 0 errors" in p.stdout, p.stdout
 
@@ -44,17 +48,29 @@ def test_an_idle_decode_rank_takes_units_and_serves_them_colocated(tmp_path, col
             assert g["generation_token_ids"] == w["generation_token_ids"], g["id"]
             served[(shard, g["id"])] = g
     rows = list(served.values())
-    first_unit = rows[:4]  # unit 0: the first shard's first row group
-    for r in first_unit:
-        assert r["prefill_worker"].startswith("prefill-0@") and r["decode_worker"].startswith("decode-0@"), r
-        assert r["prompt_tokens"] - 1 <= r["kv_tokens"] <= r["prompt_tokens"], r
-    for r in rows[4:]:
-        assert r["prefill_worker"].startswith("decode-0@") and r["decode_worker"] is None, r
-        assert not r["kv_tokens"], r
-    # The run's summary says how many rows went each way (counted here from the output).
-    by_decode = sum(r["prefill_worker"].startswith("decode-") for r in rows)
-    assert by_decode == 20
-    assert (f"pools.elastic: decode ranks served {by_decode} of the 24 rows on their own (prefill and decode, no "
-            f"hand-off); prefill workers the other {24 - by_decode}") in p.stdout, p.stdout
+    # Each unit's 4 rows (in input order: the shards' row groups) were served by the worker
+    # holding its claim: the decode rank alone, or the prefill worker, by hand-off (its KV moved
+    # to the decode rank) or alone (the decode rank full).
     held = holders(run_dir)
-    assert {i: w for i, (_, w) in held.items() if i < 6} == {0: "prefill-0", **{i: "decode-0" for i in range(1, 6)}}, held
+    alone = by_decode = 0
+    for unit in range(6):
+        holder = held[unit][1]
+        for r in rows[4 * unit:4 * unit + 4]:
+            assert r["prefill_worker"].split("@")[0] == holder, (unit, held, r)
+            if holder == "decode-0" or r["decode_worker"] is None:  # served in one engine
+                assert r["decode_worker"] is None and not r["kv_tokens"], r
+                alone += holder == "prefill-0"
+                by_decode += holder == "decode-0"
+            else:
+                assert r["decode_worker"].startswith("decode-0@"), r
+                assert r["prompt_tokens"] - 1 <= r["kv_tokens"] <= r["prompt_tokens"], r
+    assert held[0][1] == "prefill-0", held  # claimed before its engine started
+    # The decode rank, up 10 s before the prefill worker, took at least one unit. The prefill
+    # worker served at least 3 rows alone: its first rows were decided while the decode rank
+    # served a unit (full: all of them), or while the first hand-off was in prefill (full: the
+    # next 3).
+    assert by_decode >= 4 and alone >= 3, (by_decode, alone)
+    # The run's summary says how many rows went each way (counted here from the output).
+    assert (f"pools.elastic: of the 24 rows, decode ranks served {by_decode} on their own and prefill workers "
+            f"{alone} (prefill and decode in one engine, no hand-off); the other {24 - by_decode - alone} went "
+            f"through prefill workers") in p.stdout, p.stdout

@@ -165,10 +165,16 @@ class PoolsConfig:
     (xP:yD). ``colocated``: ``prefill`` workers that each run plain vLLM generation.
     ``local_prefill_tokens`` (disaggregated): a row whose prompt has fewer tokens is prefilled
     on its decode worker instead, with no KV transfer (conditional disaggregation; 0: never).
-    ``elastic`` (disaggregated): a decode rank that has had no hand-off for ``elastic_idle_s``
-    seconds claims work units as a prefill worker does and serves their rows in its own engine,
-    prefill and decode, until hand-offs come again (issue #40: a decode pool sized too large for
-    the run's outputs then still works; hand-offs join its batches meanwhile).
+    ``elastic`` (disaggregated; issue #40): roles become preferences. A decode rank is *full*
+    while it decodes ``elastic_decode_rows`` rows or more (hand-offs in flight plus rows of its
+    own units; 0: ``job.batch_rows``, the rows one colocated worker keeps in flight) or while
+    the KV its requests may reach fills its KV cache. A decode rank that has not been full for
+    ``elastic_idle_s`` seconds claims work units as a prefill worker does and serves their rows
+    in its own engine, prefill and decode (hand-offs join its batches meanwhile); a prefill
+    worker serves a row itself, prefill and decode, when every live decode rank is full for
+    that row (its rows, or its KV in flight plus the row's prompt and new tokens), up to
+    ``job.batch_rows`` such rows beside its ``job.batch_rows`` hand-offs. Each pool then works
+    whichever of the two the run's prompts and outputs leave short.
     ``auto``: the planner chooses one of the two for ``prefill + decode`` workers from
     ``sample_rows`` rows of the input and the ``hardware`` preset (None: ``cpu`` without a
     GPU, else ``h100``) or a finished run's measured speeds (``calibration``: its run
@@ -179,7 +185,8 @@ class PoolsConfig:
     decode: int = 1  # decode workers (disaggregated only)
     local_prefill_tokens: int = 0  # prompts shorter than this are prefilled on decode; 0: never
     elastic: bool = False  # disaggregated: an idle decode rank claims work units and serves them colocated
-    elastic_idle_s: float = 2.0  # pools.elastic: seconds a decode rank had no hand-off before it claims a unit
+    elastic_idle_s: float = 2.0  # pools.elastic: seconds a decode rank was not full before it claims a unit
+    elastic_decode_rows: int = 0  # pools.elastic: rows a decode rank decodes at once before it counts as full; 0: job.batch_rows
     hardware: Optional[str] = None  # pools=auto: hardware preset; null: cpu without a GPU, else h100
     calibration: Optional[str] = None  # pools=auto: a finished run's directory to take measured speeds from
     sample_rows: int = 2000  # pools=auto: input rows sampled to plan from
@@ -191,6 +198,7 @@ class PoolsConfig:
         _check(self.local_prefill_tokens >= 0, "pools.local_prefill_tokens",
                f"must be >= 0, got {self.local_prefill_tokens}")
         _check(self.sample_rows >= 1, "pools.sample_rows", f"must be >= 1, got {self.sample_rows}")
+        _check(self.elastic_decode_rows >= 0, "pools.elastic_decode_rows", f"must be >= 0, got {self.elastic_decode_rows}")
         _check(self.elastic_idle_s >= 0, "pools.elastic_idle_s", f"must be >= 0, got {self.elastic_idle_s}")
         _check(not self.elastic or self.mode != "colocated", "pools.elastic",
                "needs disaggregated pools (pools=disaggregated or pools=auto): colocated workers serve every row already")

@@ -1,7 +1,7 @@
 """Decode worker: accepts hand-offs over the control channel, lets vLLM take each request's KV
 over NIXL (``do_remote_prefill``), runs continuous batching across all live requests, and
 answers each hand-off with its generation. With ``pools.elastic`` it also claims work units
-while no hand-off comes and serves them colocated in its engine (:meth:`DecodeServer.take_units`).
+while it is not full and serves them colocated in its engine (:meth:`DecodeServer.take_units`).
 Exits when nothing is in flight and either every shard is done or failed, or the launcher asked
 it to stop."""
 
@@ -27,6 +27,7 @@ from pipeline.engine.stream import FirstTokenTimeout, RequestFailed, Streamed, s
 from pipeline.io.metrics import write_dram_use
 from pipeline.roles.elastic import ElasticDecode
 from pipeline.roles.errors import is_worker_failure
+from pipeline.roles.handoff import kv_tokens_needed
 from pipeline.roles.recompute import NORMAL_COMPUTED, computed_on_decode, recompute_error
 from pipeline.runtime import failpoints
 from pipeline.runtime.addresses import worker_host
@@ -113,6 +114,7 @@ class DecodeServer(ElasticDecode):
         self.secret = run.secret()
         self.live: set[asyncio.Task] = set()
         self.serving: dict[str, asyncio.Task] = {}  # request id -> the task serving its hand-off
+        self.handoff_kv: dict[str, int] = {}  # request id -> KV tokens its hand-off may reach
         # prefill worker -> (its newest attempt, that attempt's tasks)
         self.attempts: dict[str, tuple[float, set[asyncio.Task]]] = {}
         # DRAM tier: request id -> (its slots, when reserved or last renewed); a reservation that
@@ -120,13 +122,12 @@ class DecodeServer(ElasticDecode):
         # transport.handoff_timeout_s (that worker died between reserving and handing off) is
         # released.
         self.reserved: dict[str, tuple[list[int], float]] = {}
-        self.last_handoff = time.monotonic()  # of the last hand-off or reservation received
         self.taking: asyncio.Task | None = None  # pools.elastic: take_units
         self.claims = None  # pools.elastic: this rank's Claims
 
     def _publish(self) -> None:
         self.run.publish_decode(self.rank, self.endpoint, self.worker, self.capacity, self.dram_capacity,
-                                serving=len(getattr(self, "serving", ())))  # none yet at the first publish
+                                **self.load())
 
     async def _heartbeat(self) -> None:
         while True:
@@ -178,8 +179,6 @@ class DecodeServer(ElasticDecode):
             return
         if isinstance(msg, (Handoff, Reserve, Probe)):
             await self._answer(peer, Received(request_id=getattr(msg, "request_id", None)))
-        if isinstance(msg, (Handoff, Reserve)):
-            self.last_handoff = time.monotonic()
         if isinstance(msg, Cancel):
             # Its prefill worker got no acknowledgment in time (a cut link delivers the hand-off
             # late, then this) and serves the row elsewhere.
@@ -214,6 +213,8 @@ class DecodeServer(ElasticDecode):
             self.attempts[msg.prefill_worker] = (newest, tasks)
             task.add_done_callback(tasks.discard)
             self._track(msg.request_id, task)
+            self.count_handoff(msg.request_id, kv_tokens_needed(
+                len(msg.prompt_token_ids), SamplingConfig(**msg.sampling), self.cfg.model.max_model_len), task)
 
     def _track(self, request_id: str, task: asyncio.Task) -> None:
         """``task`` serves ``request_id`` (its reservation, then its hand-off) until it ends."""

@@ -1,54 +1,185 @@
-"""``pools.elastic`` on a decode rank (issue #40, part 1): while no hand-off comes, it claims work
-units as a prefill worker does and serves their rows colocated in its own engine. A mixin of
-:class:`pipeline.roles.decode.DecodeServer`, whose ``run``, ``cfg``, ``worker``, ``engine``,
-``serving`` (hand-offs in flight), ``last_handoff``, ``taking`` and ``claims`` it uses."""
+"""``pools.elastic`` (issue #40): roles as preferences. A decode rank that is not full claims work
+units as a prefill worker does and serves their rows colocated in its own engine
+(:class:`ElasticDecode`, a mixin of :class:`pipeline.roles.decode.DecodeServer`, whose ``run``,
+``cfg``, ``worker``, ``engine``, ``capacity``, ``serving`` (hand-offs in flight), ``taking`` and
+``claims`` it uses); a prefill worker serves a row itself, prefill and decode, when every decode
+rank is full for it (:class:`ElasticPrefill`, :func:`decode_full`).
+
+Full (:func:`full_rows`): a decode rank decoding ``pools.elastic_decode_rows`` rows (default
+``job.batch_rows``: more than one colocated worker keeps in flight), or whose KV in flight
+(prompt + new tokens of each request, :func:`pipeline.roles.handoff.kv_tokens_needed`) would
+pass its KV cache's tokens with the row's. Decode ranks publish both counts in their heartbeat
+(every 2 s); a prefill worker's router reads them (:func:`decode_full`)."""
 
 from __future__ import annotations
 
 import asyncio
 import time
 
+from pipeline.config import Config
 from pipeline.engine.model import load_tokenizer
+from pipeline.io.output import RowResult
+from pipeline.io.prompts import Prompt
 from pipeline.roles.colocated import colocated_serve
-from pipeline.roles.shard_owner import Progress
+from pipeline.roles.handoff import PrefillHandoff, kv_tokens_needed
+from pipeline.roles.router import DecodeRouter
+from pipeline.roles.shard_owner import Progress, ServeRow
 from pipeline.roles.work import own_shards
 from pipeline.runtime.claims import Claims
 
 
+def full_rows(cfg: Config) -> int:
+    """Rows a decode rank decodes at once before it counts as full: ``pools.elastic_decode_rows``,
+    or ``job.batch_rows`` when that is 0."""
+    return cfg.pools.elastic_decode_rows or cfg.job.batch_rows
+
+
+def row_kv_tokens(cfg: Config, p: Prompt) -> int:
+    """KV tokens row ``p`` may reach (prompt + new tokens of each sample)."""
+    return kv_tokens_needed(len(p.token_ids), p.sampling or cfg.job.sampling, cfg.model.max_model_len)
+
+
+def handoffs_in_flight(router: DecodeRouter) -> int:
+    """The router's hand-offs sent and not yet answered, over all ranks (rows)."""
+    return sum(isinstance(k, str) for keys in router.inflight.values() for k in keys)
+
+
+def decode_full(router: DecodeRouter, kv_tokens: int, rows: int, pending: int = 0) -> bool:
+    """Whether every live, reachable decode rank of ``router`` is full for a request of
+    ``kv_tokens`` KV tokens: it decodes ``rows`` rows or more, or its KV in flight plus
+    ``kv_tokens`` passes its KV cache's tokens. A rank's load is the larger of what its heartbeat
+    last published (every 2 s: all prefill workers' hand-offs and its own units' rows) and this
+    worker's hand-offs to it in flight now, plus ``pending`` (this worker's rows bound for a
+    hand-off but still in prefill: their rank is not chosen yet, so each rank counts them).
+    False with no live, reachable rank (the hand-off then waits for one, as without
+    ``pools.elastic``)."""
+    reachable = router.live - router.unreachable.keys()
+    if not reachable:
+        return False
+    for r in reachable:
+        pub_rows, pub_kv = router.published.get(r, (0, 0))
+        mine = sum(isinstance(k, str) for k in router.inflight.get(r, {}))
+        cap = router.capacity.get(r)
+        kv = max(pub_kv, router.inflight_tokens.get(r, 0))
+        if max(pub_rows, mine) + pending < rows and not (cap and kv + kv_tokens > cap):
+            return False
+    return True
+
+
 class ElasticDecode:
-    """Claiming and serving work units while the decode rank is idle (see the module doc)."""
+    """Claiming and serving work units while the decode rank is not full (see the module doc)."""
+
+    own_rows = own_kv = 0  # rows of its own units in flight, and the KV tokens they may reach
+    full_at = 0.0  # time.monotonic() when this rank was last seen full
 
     def start_taking_units(self) -> None:
-        """``pools.elastic``: claim work units while idle (:meth:`take_units`), as worker
+        """``pools.elastic``: claim work units while not full (:meth:`take_units`), as worker
         ``decode-RANK`` in the claims, with its own heartbeat there: a requeued rank resumes its
         own units; a lost one's are taken over by a worker still claiming, as a prefill
         worker's are; the launcher waits for it as for any worker serving the run."""
         self.claims = Claims(self.run.path, self.worker.split("@")[0])
         self.claims.start_heartbeat()
+        self.full_at = time.monotonic()  # a first claim after elastic_idle_s
         self.taking = asyncio.create_task(self.take_units())
 
-    def idle(self) -> bool:
-        """No hand-off in flight, and none received for ``pools.elastic_idle_s`` seconds."""
-        return not self.serving and time.monotonic() - self.last_handoff >= self.cfg.pools.elastic_idle_s
+    def load(self) -> dict[str, int]:
+        """What the heartbeat publishes: ``serving`` (hand-offs and reservations in flight),
+        ``decoding`` (those plus the rows of its own units, rows) and ``kv_tokens_inflight`` (the
+        KV tokens all of them may reach)."""
+        serving = getattr(self, "serving", {})  # none yet at the first publish
+        handoff_kv = getattr(self, "handoff_kv", {})
+        return {"serving": len(serving), "decoding": len(serving) + self.own_rows,
+                "kv_tokens_inflight": sum(handoff_kv.values()) + self.own_kv}
+
+    def count_handoff(self, request_id: str, kv_tokens: int, task: asyncio.Task) -> None:
+        """Hand-off ``request_id`` may reach ``kv_tokens`` KV tokens until ``task`` ends."""
+        self.handoff_kv[request_id] = kv_tokens
+        task.add_done_callback(lambda _: self.handoff_kv.pop(request_id, None))
+        self.is_full()
+
+    def is_full(self) -> bool:
+        """Whether this rank decodes :func:`full_rows` rows or more, or its KV in flight reaches
+        its KV cache's tokens (noted: :meth:`has_room` waits ``pools.elastic_idle_s`` after it)."""
+        load = self.load()
+        full = load["decoding"] >= full_rows(self.cfg) or bool(
+            self.capacity and load["kv_tokens_inflight"] >= self.capacity)
+        if full:
+            self.full_at = time.monotonic()
+        return full
+
+    def has_room(self) -> bool:
+        """Not full now, nor for the last ``pools.elastic_idle_s`` seconds."""
+        return not self.is_full() and time.monotonic() - self.full_at >= self.cfg.pools.elastic_idle_s
 
     async def take_units(self) -> None:
-        """While this rank is :meth:`idle`, claim work units (the prefill workers' claims:
+        """While this rank :meth:`has_room`, claim work units (the prefill workers' claims:
         :func:`pipeline.roles.work.own_shards`) and serve their rows in this engine, prefill and
         decode (:func:`pipeline.roles.colocated.colocated_serve`: their ``prefill_worker`` names
         this rank, their ``decode_worker`` is null as in any colocated row); stop claiming when
-        a hand-off comes (the units taken are served to the end, the hand-offs joining the
-        engine's batches meanwhile), and claim again once idle. Ends when the run is settled or
+        it is full (the units taken are served to the end, hand-offs joining the engine's
+        batches meanwhile), and claim again once it has room. Ends when the run is settled or
         asked to stop.
 
         Raises:
             Exception: a worker failure while serving a unit (its engine died).
         """
         tokenizer = await asyncio.to_thread(load_tokenizer, self.cfg)
-        serve = colocated_serve(self.cfg, self.engine, self.worker, self.run.sample_lists())
+        serve_row = colocated_serve(self.cfg, self.engine, self.worker, self.run.sample_lists())
+
+        async def serve(p: Prompt) -> RowResult:
+            need = row_kv_tokens(self.cfg, p)
+            self.own_rows, self.own_kv = self.own_rows + 1, self.own_kv + need
+            try:
+                return await serve_row(p)
+            finally:
+                self.own_rows, self.own_kv = self.own_rows - 1, self.own_kv - need
+
         progress = Progress(self.run, self.worker)
         poll_s = min(1.0, max(0.1, self.cfg.pools.elastic_idle_s / 2))
         while not (self.run.stop_requested() or await asyncio.to_thread(self.run.all_settled)):
-            if self.idle():
+            if self.has_room():
                 await own_shards(self.run, self.cfg, self.claims, self.worker, tokenizer, serve,
-                                 progress=progress, keep_claiming=self.idle)
+                                 progress=progress, keep_claiming=self.has_room)
             await asyncio.sleep(poll_s)
+
+
+class ElasticPrefill:
+    """A prefill worker's rows under ``pools.elastic``: each is handed off (``handoff``) unless
+    every live decode rank is full for it (:func:`decode_full`); then this
+    worker's engine serves it alone (``local``: :func:`pipeline.roles.colocated.colocated_serve`;
+    the row's ``decode_worker`` is null). At most ``job.batch_rows`` rows of each kind at once;
+    a row finding its kind's limit reached waits (re-deciding every 0.5 s or when a row ends)."""
+
+    def __init__(self, cfg: Config, handoff: PrefillHandoff, local: ServeRow):
+        self.cfg, self.handoff, self.local = cfg, handoff, local
+        self.limit, self.rows_full = cfg.job.batch_rows, full_rows(cfg)
+        self.handing_off = self.serving_here = 0
+        self.freed = asyncio.Event()
+
+    async def serve(self, p: Prompt) -> RowResult:
+        """The row's generation (or error row); raises what
+        :meth:`PrefillHandoff.serve` raises."""
+        need = row_kv_tokens(self.cfg, p)
+        while True:
+            router = self.handoff.router
+            pending = max(0, self.handing_off - handoffs_in_flight(router))  # still in prefill
+            full = decode_full(router, need, self.rows_full, pending)
+            if full and self.serving_here < self.limit:
+                self.serving_here += 1
+                try:
+                    return await self.local(p)
+                finally:
+                    self.serving_here -= 1
+                    self.freed.set()
+            if not full and self.handing_off < self.limit:
+                self.handing_off += 1
+                try:
+                    return await self.handoff.serve(p)
+                finally:
+                    self.handing_off -= 1
+                    self.freed.set()
+            self.freed.clear()
+            try:
+                await asyncio.wait_for(self.freed.wait(), 0.5)
+            except asyncio.TimeoutError:
+                pass

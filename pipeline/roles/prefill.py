@@ -11,6 +11,8 @@ import time
 from pipeline.engine.build import build_engine, engine_shape, stop_engine
 from pipeline.engine.model import load_tokenizer, model_kv_bytes_per_token
 from pipeline.engine.steps import StepRecorder
+from pipeline.roles.colocated import colocated_serve
+from pipeline.roles.elastic import ElasticPrefill
 from pipeline.roles.handoff import PrefillHandoff
 from pipeline.roles.router import DecodeRouter, wait_for_decode
 from pipeline.roles.work import claim_first, own_shards
@@ -53,7 +55,11 @@ async def _prefill(run: RunDir, task: int, limit: int | None, cpus: str | None) 
                               run.secret(), cfg.transport.ack_timeout_s)
         handoff = PrefillHandoff(cfg, engine, router, worker, attempt, model_kv_bytes_per_token(cfg),
                                  run.sample_lists())
-        await own_shards(run, cfg, claims, worker, load_tokenizer(cfg), handoff.serve, limit)
+        serve, rows = handoff.serve, cfg.job.batch_rows
+        if cfg.pools.elastic:  # rows served here when the decode pool is full, beside the hand-offs
+            serve = ElasticPrefill(cfg, handoff, colocated_serve(cfg, engine, worker, run.sample_lists())).serve
+            rows *= 2
+        await own_shards(run, cfg, claims, worker, load_tokenizer(cfg), serve, limit, batch_rows=rows)
     finally:
         claims.stop_heartbeat()
         if router is not None:

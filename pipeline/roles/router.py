@@ -75,6 +75,8 @@ class DecodeRouter:
         self.inflight_tokens: dict[int, int] = {}  # rank -> KV tokens its hand-offs in flight reach
         self.capacity: dict[int, int | None] = {}  # rank -> tokens its KV cache holds
         self.dram_capacity: dict[int, int | None] = {}  # rank -> tokens its DRAM tier holds
+        # rank -> (rows it decodes, KV tokens they may reach), as its last heartbeat published
+        self.published: dict[int, tuple[int, int]] = {}
         # rank -> request ids whose DRAM-tier reservation there no hand-off has claimed yet:
         # renewed every quarter of timeout_s (:class:`Renew`) so that the worker keeps them.
         self.reserved: dict[int, set[str]] = {}
@@ -104,6 +106,7 @@ class DecodeRouter:
             self.capacity[rank] = ep.get("kv_capacity_tokens")
             self.names[rank] = ep.get("worker", f"decode-{rank}")
             self.dram_capacity[rank] = ep.get("dram_capacity_tokens")
+            self.published[rank] = (ep.get("decoding") or 0, ep.get("kv_tokens_inflight") or 0)
             if ep["endpoint"] != self.endpoints.get(rank):
                 self._drop(rank, f"decode rank {rank} restarted")
                 s = self.ctx.socket(zmq.DEALER)

@@ -105,7 +105,8 @@ class ShardOwner:
         self.row_tasks: set[asyncio.Task] = set()
         # decode_kv: did the KV move (pipeline.roles.recompute.kv_counts), summed by the run's summary
         self.totals = {"rows": 0, "errors": 0, "prompt_tokens": 0, "output_tokens": 0, "kv_bytes": 0,
-                       "decode_kv": add_counts(None, None), "decode_rank_rows": 0}
+                       "decode_kv": add_counts(None, None), "decode_rank_rows": 0,
+                       "prefill_local_rows": 0}
 
     async def own(self) -> None:
         """Serve and write the shard, then mark it done (or failed, if it cannot be read or
@@ -315,6 +316,8 @@ class ShardOwner:
         t["kv_bytes"] += sum(r.kv_bytes for r in results)
         if self.worker.startswith("decode-"):  # an elastic decode rank's unit (pools.elastic)
             t["decode_rank_rows"] += len(results)
+        elif self.worker.startswith("prefill-"):  # rows a prefill worker served alone (pools.elastic)
+            t["prefill_local_rows"] += sum(r.decode_worker is None and r.error is None for r in results)
         t["decode_kv"] = add_counts(t["decode_kv"], kv_counts(
             (r.decode_worker, r.error, r.prompt_tokens, r.kv_tokens, r.kv_handoff_s is not None) for r in results))
 
@@ -337,6 +340,7 @@ def finish_split(run: RunDir, shard: Shard, parts: int, tokenizer: Any, worker: 
     run.mark_done(shard, {"shard": shard.name, **summed, "worker": worker,
                           "decode_kv": functools.reduce(add_counts, (t.get("decode_kv") for t in totals), None),
                           "decode_rank_rows": sum(t.get("decode_rank_rows", 0) for t in totals),
+                          "prefill_local_rows": sum(t.get("prefill_local_rows", 0) for t in totals),
                           "parts": [{k: t[k] for k in ("worker", "rows", "started_at", "finished_at")} for t in totals],
                           "started_at": min(t["started_at"] for t in totals), "finished_at": time.time()})
     shutil.rmtree(folder, ignore_errors=True)

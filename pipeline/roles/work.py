@@ -18,14 +18,14 @@ from pipeline.runtime.rundir import RunDir
 
 async def own_shards(run: RunDir, cfg: Config, claims: Claims, worker: str, tokenizer: Any,
                      serve: ServeRow, limit: int | None = None, progress: Progress | None = None,
-                     keep_claiming: Callable[[], bool] = lambda: True) -> None:
+                     keep_claiming: Callable[[], bool] = lambda: True, batch_rows: int | None = None) -> None:
     """Claim units one after another (this worker's own first, then the next nobody holds, in
     input order) and serve each, skipping those already done or failed; at most ``limit`` units
     in all (None: until none is left). ``keep_claiming``: asked before each claim; false ends
     the claiming (the units taken are served to the end). ``progress``: the worker's, when it
     calls this more than once (default: a new one).
 
-    At most ``job.batch_rows`` rows are being served at once across the worker, whatever the
+    At most ``batch_rows`` rows (default ``job.batch_rows``) are being served at once across the worker, whatever the
     number and size of the units: the next unit is claimed as soon as every row of the
     previous one has started, so a worker that drew small units takes the next while another is
     still on a big one. A row that cannot become a prompt, or whose serving raises, becomes
@@ -35,7 +35,7 @@ async def own_shards(run: RunDir, cfg: Config, claims: Claims, worker: str, toke
     progress = progress or Progress(run, worker)
     shards = {s.index: s for s in run.shards()}
     units = run.units()
-    slots = asyncio.Semaphore(cfg.job.batch_rows)
+    slots = asyncio.Semaphore(batch_rows or cfg.job.batch_rows)
     finishing, started = [], set()
     try:
         await asyncio.to_thread(assemble_ready, run, claims, tokenizer, progress, worker)

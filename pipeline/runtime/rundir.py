@@ -155,17 +155,20 @@ class RunDir:
 
     # -- decode endpoints ---------------------------------------------------------------------
     def publish_decode(self, rank: int, endpoint: str, worker: str, kv_capacity_tokens: int | None = None,
-                       dram_capacity_tokens: int | None = None, stopped: bool = False, serving: int = 0) -> None:
+                       dram_capacity_tokens: int | None = None, stopped: bool = False, serving: int = 0,
+                       decoding: int = 0, kv_tokens_inflight: int = 0) -> None:
         """Publish (or refresh: the time written is the worker's heartbeat) a decode endpoint.
         ``kv_capacity_tokens``: the tokens its KV cache holds (blocks x block size), which
         prefill workers route by; ``dram_capacity_tokens``: the tokens its DRAM tier holds
         (slots x block size; None without one); ``stopped``: its last, written as it stops
         serving (a rank lost with its node never writes it); ``serving``: hand-offs it is
-        serving as it writes (requests)."""
+        serving as it writes (requests); ``decoding``: those plus the rows of its own units
+        (``pools.elastic``); ``kv_tokens_inflight``: the KV tokens all of them may reach."""
         write_json(self.path / "decode" / f"rank-{rank}.json",
                    {"endpoint": endpoint, "worker": worker, "heartbeat": time.time(),
                     "kv_capacity_tokens": kv_capacity_tokens, "dram_capacity_tokens": dram_capacity_tokens,
-                    "stopped": stopped, "serving": serving})
+                    "stopped": stopped, "serving": serving, "decoding": decoding,
+                    "kv_tokens_inflight": kv_tokens_inflight})
 
     def record_lost_decode(self, lost: dict[int, str]) -> None:
         """``RUN_DIR/decode/lost.json``: decode rank -> worker, each rank the launcher saw lost

@@ -72,6 +72,7 @@ def test_done_markers_and_the_summary_printed_at_the_end(tmp_path):
     # kv_handoff_s is not null), in two batches, as two shards' done markers.
     first = SimpleNamespace(worker="prefill-0@h", totals={"rows": 0, "errors": 0, "prompt_tokens": 0,
                                                           "output_tokens": 0, "kv_bytes": 0, "decode_rank_rows": 0,
+                                                          "prefill_local_rows": 0,
                                                           "decode_kv": dict.fromkeys(COUNTS, 0)})
     ShardOwner._count(first, [_row("decode-0@h", None, 100, 99, 0.1), _row("decode-0@h", None, 100, 0, 0.1)])
     ShardOwner._count(first, [_row("decode-0@h", None, 40, 0, None), _row(None, "text is null", None, 0, None)])
@@ -81,6 +82,9 @@ def test_done_markers_and_the_summary_printed_at_the_end(tmp_path):
                                          "recomputed_tokens": 100, "local_rows": 1, "local_tokens": 40}
     second = SimpleNamespace(worker="prefill-1@h", totals={**first.totals, "decode_kv": dict.fromkeys(COUNTS, 0)})
     ShardOwner._count(second, [_row("decode-1@h", FAIL, 50, 20, None)])  # 30 computed, an error row
+    # A row an elastic prefill worker served alone (pools.elastic): counted apart, no KV moved.
+    ShardOwner._count(second, [_row(None, None, 30, None, None)])
+    assert second.totals["prefill_local_rows"] == 1
     # An elastic decode rank's unit (pools.elastic): its rows served colocated, no decode worker,
     # counted apart and not as KV that moved.
     third = SimpleNamespace(worker="decode-0@h", totals={**dict.fromkeys(first.totals, 0), "decode_kv": dict.fromkeys(COUNTS, 0)})
@@ -99,7 +103,9 @@ def test_done_markers_and_the_summary_printed_at_the_end(tmp_path):
             "(at most 1 a row when its KV arrived) | 1 rows prefilled on decode on purpose "
             "(pools.local_prefill_tokens): 40 prompt tokens | warning: decode recomputed the prompt of 2 of 3 rows "
             "(130 prompt tokens): their KV did not arrive (transport.on_recompute)\n") in s.text() + "\n"
-    # Rows by hand: a 4, b 5 (its totals began as a's 4, plus 1), c 2, of which c's 2 by decode-0.
-    assert (s.rows, s.decode_rank_rows) == (11, 2)
-    assert ("\npools.elastic: decode ranks served 2 of the 11 rows on their own (prefill and decode, no hand-off); "
-            "prefill workers the other 9") in s.text()
+    # Rows by hand: a 4, b 6 (its totals began as a's 4, plus 2), c 2, of which c's 2 by decode-0
+    # and 1 of b's by prefill-1 alone.
+    assert (s.rows, s.decode_rank_rows, s.prefill_local_rows) == (12, 2, 1)
+    assert ("\npools.elastic: of the 12 rows, decode ranks served 2 on their own and prefill workers 1 (prefill and "
+            "decode in one engine, no hand-off); the other 9 went through prefill workers (handed off, or error "
+            "rows)") in s.text()

@@ -1,0 +1,45 @@
+"""The prefill side's rule of ``pools.elastic`` (:func:`pipeline.roles.elastic.decode_full`): a
+row is served on the prefill worker alone only when every live decode rank is full for it. The
+decode ranks are endpoint records in a real run directory, written by
+:meth:`RunDir.publish_decode` as a decode rank's heartbeat writes them, read by a real
+:class:`DecodeRouter`; each expected answer is worked out by hand in the comments."""
+
+from __future__ import annotations
+
+import asyncio
+
+from pipeline.roles.elastic import decode_full
+from pipeline.roles.router import DecodeRouter
+from pipeline.runtime.rundir import RunDir
+
+
+def test_decode_is_full_only_when_every_rank_is(tmp_path):
+    run = RunDir(tmp_path)
+    # Rank 0: 8,192 KV tokens, decoding 4 rows that may reach 6,000 tokens; rank 1: 4,096 tokens,
+    # decoding 1 row (1,000 tokens).
+    run.publish_decode(0, "tcp://127.0.0.1:21000", "decode-0@x", 8192, decoding=4, kv_tokens_inflight=6000)
+    run.publish_decode(1, "tcp://127.0.0.1:21001", "decode-1@x", 4096, decoding=1, kv_tokens_inflight=1000)
+
+    async def go():
+        r = DecodeRouter(run, timeout_s=5, dead_after_s=30, secret=b"k" * 32)
+        try:
+            # Full at 4 rows: rank 0 is (4 >= 4), rank 1 is not (1 < 4; 1,000 + 500 <= 4,096).
+            assert not decode_full(r, 500, rows=4)
+            # A 3,500-token row: rank 1's KV would reach 4,500 > 4,096; rank 0 is full by rows.
+            assert decode_full(r, 3500, rows=4)
+            # Full at 2 rows: rank 1's 1 row plus this worker's 1 row still in prefill makes 2.
+            assert not decode_full(r, 500, rows=2)
+            assert decode_full(r, 500, rows=2, pending=1)
+            # This worker's hand-offs in flight to rank 1 count when above what it published.
+            r.inflight = {1: {"row-a": None, "row-b": None, ("received", "x"): None}}
+            assert decode_full(r, 500, rows=2)
+            r.inflight = {}
+            # Rank 1 lost (not live): only rank 0, full at 4 rows, is left.
+            r.live.discard(1)
+            assert decode_full(r, 500, rows=4)
+            # No rank live: never full (the hand-off waits for a rank, as without elastic pools).
+            r.live.clear()
+            assert not decode_full(r, 500, rows=1)
+        finally:
+            r.close()
+    asyncio.run(go())
