@@ -49,7 +49,12 @@ itself in a temporary directory from CPython standard-library docstrings, PSF Li
    p50 / p99 / max. The one-time NIXL handshake (and first-step warm-up of the decode engine) is
    estimated as the extra of the request that reached the decode worker first over the run's
    median: ``(first - median)`` of ``token_times[0] - decode_arrived_at``.
-4. The KV transfer microbenchmark is ``tools/bench_kv.py``; ``--kv`` runs it once (a short
+4. **Elastic pools** (issue #40; ``--only coloc2,disagg,disaggelastic --workloads
+   prefill,decode,mixed,skewed``): each workload run colocated (2 workers), static 1P:1D and
+   elastic 1P:1D (``pools.elastic=true``) on the same 2 cores; the table gives each one's
+   makespan against the better of static and colocated, each pool's busy fraction, the decode
+   ranks' ITL p99 and how rows were served (:mod:`tools.bench_parts.e2e.elastic`).
+5. The KV transfer microbenchmark is ``tools/bench_kv.py``; ``--kv`` runs it once (a short
    setting) and appends its output.
 
 How figures are measured:
@@ -143,10 +148,13 @@ def main(argv: list[str] | None = None) -> int:
                          "chunks of 512 tokens), disaggbefore (push, prefill engine with async scheduling and "
                          "unpaced idle steps: as before issue #17), disaggpush (transport=nixl_push), disaggsync (decode "
                          "engine without async scheduling), disaggasyncload (transport.sync_kv_load=false), disaggdram (offload=dram), disagglocal "
-                         "(pools.local_prefill_tokens=512), disaggtp3p / disaggtp3d (prefill / decode pool at TP 3), auto (pools=auto); "
+                         "(pools.local_prefill_tokens=512), disaggtp3p / disaggtp3d (prefill / decode pool at TP 3), auto (pools=auto), "
+                         "disaggelastic (pools.elastic=true; with coloc2 and disagg on --workloads prefill,decode,mixed,skewed: "
+                         "part 4, issue #40); "
                          "those after disagg are not in the default")
     ap.add_argument("--workloads", default="uniform,mixed",
-                    help="for coloc2/disagg*: uniform, mixed, long (default uniform,mixed)")
+                    help="for coloc2/disagg*: uniform, mixed, long, and the elastic part's prefill, decode, skewed "
+                         "(default uniform,mixed)")
     ap.add_argument("--stall-ms", type=float, default=60.0, help="stall threshold (default 60)")
     ap.add_argument("--sample-s", type=float, default=1.0, help="CPU sampling interval (default 1 s)")
     ap.add_argument("--run-timeout", type=float, default=420.0, help="seconds one run may take")
@@ -171,7 +179,7 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"--only: unknown part(s) {sorted(bad)}")
     wls = set(csv_list(args.workloads))
     if wls - WORKLOADS:
-        ap.error("--workloads: uniform, mixed and/or long")
+        ap.error(f"--workloads: some of {sorted(WORKLOADS)}")
     if args.repeats < 1 or args.rows < args.shards or args.inflight < 2:
         ap.error("need --repeats >= 1, --rows >= --shards, --inflight >= 2")
 
@@ -184,7 +192,8 @@ def main(argv: list[str] | None = None) -> int:
     t_start = time.time()
     wl = build_workloads(work, args.rows, args.shards, args.long_frac, args.long_tokens,
                          cfg.model.max_model_len, args.max_new_tokens, load_tokenizer(cfg),
-                         long_rows=args.long_rows if "long" in wls else 0)
+                         long_rows=args.long_rows if "long" in wls else 0,
+                         elastic=bool(wls & {"prefill", "decode", "skewed"}))
     names = selected(parts, wls)
     print(f"work dir: {work}", file=sys.stderr)
     results: dict[str, list[dict]] = {n: [] for n in names}

@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from tools.bench_parts.e2e.elastic import ELASTIC_WORKLOADS
+
 CONFIGS = {
     # name: (part, workload, description)
     "raw": ("raw", "uniform", "raw vLLM LLM.generate, all cores"),
@@ -37,11 +39,18 @@ for _w in ("uniform", "mixed", "long"):
     # 3 ranks on its worker's one core; no DRAM tier (the shapes alone).
     CONFIGS[f"disaggtp3p-{_w}"] = ("disaggtp3p", _w, "disaggregated, prefill TP 3 + decode TP 1")
     CONFIGS[f"disaggtp3d-{_w}"] = ("disaggtp3d", _w, "disaggregated, prefill TP 1 + decode TP 3")
-PARTS = {"raw", "coloc", "coloc1", "coloc2", "disagg", "disaggspin", "disaggchunk", "disaggbefore", "disaggpush",
+# Elastic pools (issue #40): static 1P:1D, colocated and elastic 1P:1D on each of its workloads
+# (tools.bench_parts.e2e.elastic; mixed is shared with part 2).
+for _w in ELASTIC_WORKLOADS:
+    CONFIGS.setdefault(f"coloc2-{_w}", ("coloc", _w, "colocated 2 workers x 1 core"))
+    CONFIGS.setdefault(f"disagg-{_w}", ("disagg", _w, "disaggregated 1P (core 0) + 1D (core 1)"))
+    CONFIGS[f"disaggelastic-{_w}"] = ("disaggelastic", _w, "disaggregated 1P + 1D, pools.elastic=true")
+PARTS = {"raw", "disaggelastic", "coloc", "coloc1", "coloc2", "disagg", "disaggspin", "disaggchunk", "disaggbefore", "disaggpush",
          "disagglocal", "auto", "disaggsync", "disaggdram", "disaggasyncload", "disaggtp3p", "disaggtp3d"}
-WORKLOADS = {"uniform", "mixed", "long"}
-#: Overrides of a workload: the long one needs the model's whole context.
-WORKLOAD_OVERRIDES = {"long": ["model.max_model_len=8192"]}
+WORKLOADS = {"uniform", "mixed", "long", *ELASTIC_WORKLOADS}
+#: Overrides of a workload: the long one needs the model's whole context; the elastic part's
+#: set their output lengths.
+WORKLOAD_OVERRIDES = {"long": ["model.max_model_len=8192"], **{w: o for w, o in ELASTIC_WORKLOADS.items() if o}}
 #: Overrides of each disaggregated variant.
 VARIANT_OVERRIDES = {
     "disaggspin": ["transport.nixl_progress_delay_us=0"],
@@ -55,6 +64,7 @@ VARIANT_OVERRIDES = {
     "disaggasyncload": ["transport.sync_kv_load=false"],
     "disaggtp3p": ["model.prefill_tp=3", "offload=none"],
     "disaggtp3d": ["model.decode_tp=3", "offload=none"],
+    "disaggelastic": ["pools.elastic=true"],
 }
 
 
@@ -68,9 +78,10 @@ def selected(parts: set[str], workloads: set[str]) -> list[str]:
 def base_overrides(args: argparse.Namespace, input_dir: str) -> list[str]:
     """Overrides every configuration shares: the job, its input, output length and dtype."""
     workload = Path(input_dir).name
-    return ["+job=summarize", f"job.input={input_dir}",
-            f"job.sampling.max_new_tokens={args.max_new_tokens}", f"model.dtype={args.dtype}",
-            *WORKLOAD_OVERRIDES.get(workload, [])]
+    own = WORKLOAD_OVERRIDES.get(workload, [])
+    new = ([] if any(o.startswith("job.sampling.max_new_tokens=") for o in own)
+           else [f"job.sampling.max_new_tokens={args.max_new_tokens}"])
+    return ["+job=summarize", f"job.input={input_dir}", *new, f"model.dtype={args.dtype}", *own]
 
 
 def pipeline_overrides(name: str, args: argparse.Namespace, wl: dict) -> tuple[list[str], dict[str, str]]:
@@ -94,6 +105,10 @@ def pipeline_overrides(name: str, args: argparse.Namespace, wl: dict) -> tuple[l
     if name.startswith("disagg"):
         c = cpu_slices(2, "partition")
         spin = VARIANT_OVERRIDES.get(name.split("-")[0], [])
+        # Elastic: job.batch_rows is each of the prefill worker's two kinds of rows (hand-offs,
+        # rows served alone) and the rows that fill the decode rank, so half the rows in flight
+        # keep each engine at about as many as a colocated worker's.
+        rows = args.inflight // 2 if name.startswith("disaggelastic") else args.inflight
         return base + ["pools=disaggregated", "pools.prefill=1", "pools.decode=1",
-                       f"job.batch_rows={args.inflight}"] + spin, {c[0]: "prefill-0", c[1]: "decode-0"}
+                       f"job.batch_rows={rows}"] + spin, {c[0]: "prefill-0", c[1]: "decode-0"}
     raise ValueError(name)

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from tools.bench_parts.e2e.elastic import write_elastic_workloads
 from tools.make_sample_data import clip
 
 SHORT_MIN_CHARS, SHORT_MAX_CHARS = 600, 1200
@@ -61,7 +62,8 @@ def _long_texts(docs: list[tuple[str, str]], targets: list[int], tokenizer: Any,
 
 
 def build_workloads(work: Path, rows: int, shards: int, long_frac: float, long_tokens: int,
-                    max_model_len: int, max_new_tokens: int, tokenizer: Any, long_rows: int = 0) -> dict[str, dict]:
+                    max_model_len: int, max_new_tokens: int, tokenizer: Any, long_rows: int = 0,
+                    elastic: bool = False) -> dict[str, dict]:
     """Write ``work/inputs/{uniform,mixed,long}/part-NNNNN.parquet`` (``rows`` rows over
     ``shards`` shards, ``long_rows`` for *long*; columns ``id``, ``module``, ``kind``
     (short/long), ``text``) and return per workload its directory and prompt-size facts.
@@ -74,6 +76,7 @@ def build_workloads(work: Path, rows: int, shards: int, long_frac: float, long_t
     prompt + ``max_new_tokens`` fits ``max_model_len``.
     Long (with ``long_rows`` > 0): every row long, document tokens spread evenly over
     :data:`LONG_RANGE`, none sharing a prefix with the mixed workload's long rows.
+    With ``elastic``, also the elastic part's (:mod:`tools.bench_parts.e2e.elastic`).
     """
     import pyarrow as pa
     import pyarrow.parquet as pq
@@ -92,6 +95,11 @@ def build_workloads(work: Path, rows: int, shards: int, long_frac: float, long_t
     all_long = _long_texts(docs, [min(LONG_CONTEXT - max_new_tokens - 64, lo + (hi - lo) * j // max(1, long_rows - 1))
                                   for j in range(long_rows)], tokenizer, first=n_long * 7 + 3)
     out = {}
+    if elastic:  # the elastic part's workloads (tools.bench_parts.e2e.elastic)
+        cap = max_model_len - 8 - 64
+        longs_e = _long_texts(docs, [min(cap, int(long_tokens * (0.8 + 0.4 * j / max(1, rows - 1))))
+                                     for j in range(rows)], tokenizer, first=(n_long + long_rows) * 7 + 5)
+        out.update(write_elastic_workloads(work, rows, shards, short, longs_e, tokenizer))
     for wl in ("uniform", "mixed", "long"):
         if wl == "long" and not long_rows:
             continue

@@ -7,11 +7,21 @@ import statistics
 import time
 from typing import Any
 
+from tools.bench_parts.e2e.elastic import table_elastic
 from tools.bench_parts.e2e.tables import (
     table_cpu, table_disagg_vs_coloc, table_handoff, table_raw_vs_coloc, table_threads, targets_table,
 )
 from tools.bench_parts.e2e.variants import VARIANTS, table_variants
 from tools.benchlib.machine import machine_text
+
+
+ELASTIC_NOTE = (
+    "Makespan: launch to exit (engine start-ups included: an elastic decode rank serves while the "
+    "prefill engine starts). Busy: share of the measured window with a request running in the engine "
+    "(each pool's mean over its workers). Decode ITL p99 over the rows a decode rank decoded (handed off or "
+    "its own). Colocated: job.batch_rows = in flight / 2 per worker; static: in flight on the prefill "
+    "worker; elastic: in flight / 2 hand-offs plus in flight / 2 rows served alone on the prefill worker, "
+    "the decode rank full at in flight / 2 rows.")
 
 
 def settings_text(args: argparse.Namespace, cfg: Any, wl: dict[str, dict]) -> str:
@@ -54,6 +64,10 @@ def report(args: argparse.Namespace, cfg: Any, wl: dict[str, dict], results: dic
                                             "disaggregated, NIXL progress thread spinning (before)")
             out += [f"## 2{'c' if w == 'uniform' else 'd'}. NIXL progress thread: spinning (before) vs "
                     f"sleeping in poll() (pipeline.engine.connector): {w} workload", "", text, ""]
+    if any(n.startswith("disaggelastic-") and r for n, r in results.items()):
+        text, facts["elastic"] = table_elastic(results)
+        out += ["## 4. Elastic pools (issue #40): static 1P:1D, colocated and elastic on the same 2 cores", "",
+                ELASTIC_NOTE, "", text, ""]
     for w in ("uniform", "mixed", "long"):
         if sum(1 for n in VARIANTS if results.get(f"{n}-{w}")) >= 2:
             text, facts[f"variants-{w}"] = table_variants(results, w)

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from tools.bench_parts.e2e.configs import base_overrides, pipeline_overrides
+from tools.bench_parts.e2e.elastic import decode_rank_itl_p99, rows_by_path
 from tools.bench_parts.e2e.metrics import handoff_parts, per_owner_throughput, stall_attribution, worker_steps
 from tools.bench_parts.e2e.processes import RunError, label_processes, run_sampled
 from tools.benchlib import REPO
@@ -65,6 +66,7 @@ def run_pipeline_config(name: str, rep: int, args: argparse.Namespace, wl: dict,
     for k in SUMMARY_KEYS:
         out[k] = rep_[k]
     out["tokens_by_row"] = _output_tokens_by_row(run_dir)
+    out["rows_by_path"], out["decode_rank_itl_p99_s"] = rows_by_path(cols), decode_rank_itl_p99(cols)
     if (run_dir / "pools.json").exists():  # pools=auto: what it chose
         c = json.loads((run_dir / "pools.json").read_text())
         out["auto_choice"] = (f"{c['prefill']}P:{c['decode']}D" + (f", local < {c['local_prefill_tokens']}"

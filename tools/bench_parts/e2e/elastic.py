@@ -1,0 +1,133 @@
+"""The elastic-pools part of ``tools/bench.py`` (issue #40): four workloads, each run static
+(disaggregated 1P:1D), colocated (2 workers) and elastic (1P:1D with ``pools.elastic=true``) on
+the same 2 cores, and the table that judges elastic against the better of the other two.
+
+Workloads (short rows: standard-library docstrings of ~150-350 tokens, as ``uniform``; long rows:
+several docstrings cut to ~``--long-tokens`` tokens, as ``mixed``'s; every output runs to its
+length, ``job.sampling.ignore_eos=true``, except in ``mixed``):
+
+- ``prefill``: prefill-heavy, every row long, 8 new tokens;
+- ``decode``: decode-heavy, every row short, 256 new tokens;
+- ``mixed``: the existing one (a quarter of the rows long, ``--max-new-tokens``);
+- ``skewed``: every row short, each its own ``max_new_tokens`` (``sampling_params`` column)
+  spread log-evenly over 4-256 and shuffled (fixed seed), so that a few rows decode for long.
+"""
+
+from __future__ import annotations
+
+import random
+import statistics
+from pathlib import Path
+from typing import Any
+
+from tools.benchlib.stats import median_of as med
+from tools.benchlib.tables import fmt, md_table
+
+#: workload -> overrides (its output lengths; ``mixed`` keeps ``--max-new-tokens``)
+ELASTIC_WORKLOADS = {
+    "prefill": ["job.sampling.max_new_tokens=8", "job.sampling.ignore_eos=true"],
+    "decode": ["job.sampling.max_new_tokens=256", "job.sampling.ignore_eos=true"],
+    "mixed": [],
+    "skewed": ["job.sampling.max_new_tokens=256", "job.sampling.ignore_eos=true"],
+}
+SKEW_RANGE = (4, 256)
+#: columns of the elastic table, in this order
+KINDS = (("coloc2", "colocated 2 workers"), ("disagg", "static 1P:1D"), ("disaggelastic", "elastic 1P:1D"))
+
+
+def skewed_lengths(n: int, seed: int = 40) -> list[int]:
+    """``n`` output lengths spread log-evenly over :data:`SKEW_RANGE`, shuffled with ``seed``."""
+    lo, hi = SKEW_RANGE
+    out = [round(lo * (hi / lo) ** (i / max(1, n - 1))) for i in range(n)]
+    random.Random(seed).shuffle(out)
+    return out
+
+
+def write_elastic_workloads(work: Path, rows: int, shards: int, short: list[tuple[str, str]],
+                            longs: list[tuple[str, str]], tokenizer: Any) -> dict[str, dict]:
+    """Write ``work/inputs/{prefill,decode,skewed}/part-NNNNN.parquet`` (``rows`` rows over
+    ``shards`` shards; ``short`` and ``longs``: (module, text) to take rows from) and return per
+    workload its directory and prompt-size facts, as :func:`build_workloads` does."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    lengths = skewed_lengths(rows)
+    out = {}
+    for wl in ("prefill", "decode", "skewed"):
+        src = longs if wl == "prefill" else short
+        if len(src) < rows:
+            raise SystemExit(f"--workloads {wl}: only {len(src)} distinct documents for {rows} rows")
+        per = [rows // shards + (1 if i < rows % shards else 0) for i in range(shards)]
+        d = work / "inputs" / wl
+        d.mkdir(parents=True, exist_ok=True)
+        k = 0
+        for s, n in enumerate(per):
+            recs = []
+            for r in range(n):
+                m, t = src[k]
+                rec = {"id": f"{wl}-{s}-{r}", "module": m, "kind": "long" if wl == "prefill" else "short", "text": t}
+                if wl == "skewed":
+                    rec["sampling_params"] = {"max_new_tokens": lengths[k]}
+                recs.append(rec)
+                k += 1
+            pq.write_table(pa.Table.from_pylist(recs), d / f"part-{s:05d}.parquet")
+        toks = [len(tokenizer(t, add_special_tokens=False)["input_ids"]) for _, t in src[:rows]]
+        out[wl] = {"dir": str(d), "rows": rows, "shards": shards, "text_tokens": toks,
+                   "long_rows": rows if wl == "prefill" else 0, "text_tokens_total": sum(toks),
+                   **({"max_new_tokens": lengths} if wl == "skewed" else {})}
+    return out
+
+
+def rows_by_path(cols: dict[str, list]) -> dict[str, int]:
+    """Output rows by how they were served: ``handed_off`` (prefill worker, then a decode rank),
+    ``decode_alone`` (a decode rank's own unit), ``prefill_alone`` (a prefill or colocated
+    worker's engine alone)."""
+    out = {"handed_off": 0, "decode_alone": 0, "prefill_alone": 0}
+    for p, d in zip(cols["prefill_worker"], cols["decode_worker"]):
+        out["handed_off" if d else "decode_alone" if (p or "").startswith("decode-") else "prefill_alone"] += 1
+    return out
+
+
+def decode_rank_itl_p99(cols: dict[str, list]) -> float | None:
+    """ITL p99 (seconds) over the rows a decode rank decoded: handed off to it, or its own."""
+    import numpy as np
+
+    gaps = [b - a for p, d, tt in zip(cols["prefill_worker"], cols["decode_worker"], cols["token_times"])
+            if tt and (d or (p or "").startswith("decode-")) for a, b in zip(tt, tt[1:])]
+    return float(np.percentile(gaps, 99)) if gaps else None
+
+
+def _busy(r: dict, role: str) -> float | None:
+    vals = [v for w, v in (r.get("busy_fraction") or {}).items() if w.startswith(role) and v is not None]
+    return statistics.mean(vals) if vals else None
+
+
+def table_elastic(results: dict[str, list[dict]]) -> tuple[str, dict]:
+    """One row per workload and kind (:data:`KINDS`): makespan (launch to exit, and first row
+    read to last token), each pool's busy fraction, decode ranks' ITL p99, rows by path; and the
+    facts: per workload, elastic's makespan over the best of static and colocated."""
+    rows, facts = [], {}
+    for wl in ELASTIC_WORKLOADS:
+        runs = {k: results.get(f"{k}-{wl}", []) for k, _ in KINDS}
+        if not runs["disaggelastic"]:
+            continue
+        best = min((med(runs[k], "process_s"), k) for k in ("coloc2", "disagg") if runs[k])
+        for k, label in KINDS:
+            rs = runs[k]
+            if not rs:
+                continue
+            paths = rs[0].get("rows_by_path") or {}
+            busy_a = statistics.median([b for b in (_busy(r, "prefill" if k != "coloc2" else "colocated") for r in rs)
+                                        if b is not None] or [0])
+            busy_b = statistics.median([b for b in (_busy(r, "decode") for r in rs) if b is not None] or [0])
+            ratio = med(rs, "process_s") / best[0]
+            rows.append([wl, label, fmt(med(rs, "process_s"), "s"), fmt(med(rs, "wall_s"), "s"), fmt(ratio, "x"),
+                         f"{busy_a:.2f}" + (f" / {busy_b:.2f}" if k != "coloc2" else ""),
+                         fmt(med(rs, "decode_rank_itl_p99_s"), "ms"),
+                         f"{paths.get('handed_off', 0)} / {paths.get('decode_alone', 0)} / {paths.get('prefill_alone', 0)}",
+                         len(rs)])
+        facts[wl] = {"elastic_over_best": med(runs["disaggelastic"], "process_s") / best[0], "best": best[1]}
+    text = md_table(["workload", "pools", "makespan s (median)", "first read to last token s", "/ best of static, colocated",
+                     "busy: prefill (colocated: workers) / decode", "decode ITL p99 ms", "rows handed off / decode alone / prefill alone (repeat 1)",
+                     "repeats"], rows, "llrrrrrrr")
+    return text, facts
