@@ -166,6 +166,30 @@ def _restart_killed(run: RunDir, jobs: Jobs, queue: _QueueCheck, restarts: list[
                    f"it resumes its claimed rows from their checkpoints", file=sys.stderr)
 
 
+def _serve_what_is_left(run: RunDir, jobs: Jobs, queue: _QueueCheck, restarts: list[_Restarts]) -> bool:
+    """``pools.elastic``: every array task has ended and no other worker serves the run, yet some
+    shard is neither done nor failed: a decode rank serving units was lost after the prefill
+    workers ended (they leave a live claimant's units to it). Start array task 0 again to take
+    them over, as :func:`_restart_killed` would (the same limit of restarts in a row with no row
+    served); returns whether it was started. Not after a failed task, nor once a stop was asked."""
+    if jobs.restart is None or run.stop_requested() or any(_failure(j, queue) for j in jobs.array_tasks):
+        return False
+    ended = set(run.done()) | set(run.failed())
+    left = [s.name for s in run.shards() if s.name not in ended]
+    r, rows = restarts[0], _rows_done(run)
+    if rows > r.rows_at:
+        r.in_a_row = 0
+    if not left or r.in_a_row >= TASK_RESTARTS:
+        return False
+    r.total, r.in_a_row, r.rows_at = r.total + 1, r.in_a_row + 1, rows
+    jobs.array_tasks[0] = jobs.restart(0)
+    jobs.save(run.path / "jobs.json")
+    tqdm.write(f"warning: {len(left)} shards are not done and no worker serves them (a decode rank serving "
+               f"units was lost; pools.elastic): array task 0 started again as job {jobs.array_tasks[0].job_id} "
+               f"to take them over", file=sys.stderr)
+    return True
+
+
 def cancel_job(job, grace_s: float = 10.0) -> None:
     """Cancel ``job``.
 
@@ -212,13 +236,17 @@ def watch(run: RunDir, jobs: Jobs, total_rows: int, progress: bool = True,
     row with no row served by the run in between: it resumes its claimed units from their row
     checkpoints, so only its rows in flight are served again. A task that
     raised fails the run (its cause is named). A decode worker that ends while others live is
-    reported as a warning: prefill workers hand its rows to the others.
+    reported as a warning: prefill workers hand its rows to the others. With ``pools.elastic``
+    the last one's loss is a warning too (prefill workers then serve rows alone), and units a
+    lost decode rank held once every array task ended are served by array task 0, started again
+    (:func:`_serve_what_is_left`).
 
     ``joined``: these jobs joined a run that another launch follows (:func:`pipeline.run.join_job`):
     wait for them only; that launch stops the decode workers.
 
     Raises:
-        RunFailed: an array task failed, or every decode worker ended while array tasks still ran.
+        RunFailed: an array task failed, or every decode worker ended while array tasks still ran
+        (without ``pools.elastic``).
     """
     bars = _Bars(total_rows, progress)
     errors: list[str] = []
@@ -228,6 +256,7 @@ def watch(run: RunDir, jobs: Jobs, total_rows: int, progress: bool = True,
     others = _OtherWorkers(run, jobs, beats)
     restarts = [_Restarts() for _ in jobs.array_tasks]
     held: dict[str, str] = {}
+    elastic = run.config().pools.elastic
     try:
         while True:
             queue.refresh(jobs.all())
@@ -236,11 +265,12 @@ def watch(run: RunDir, jobs: Jobs, total_rows: int, progress: bool = True,
             own_ended = all(queue.ended(j) for j in jobs.array_tasks)
             serving_elsewhere = others.serving(own_ended)
             if own_ended and (joined or not serving_elsewhere or any(_failure(j, queue) for j in jobs.array_tasks)):
-                break
+                if not (elastic and not joined and _serve_what_is_left(run, jobs, queue, restarts)):
+                    break
             bars.update(run)
             bars.show_starting(run, jobs)
             dead = _failed_decode(jobs, queue, warned)
-            if dead and len(dead) == len(jobs.decode):
+            if dead and len(dead) == len(jobs.decode) and not elastic:
                 errors += [_failure(j, queue) for j in dead]
                 for j in jobs.array_tasks:
                     cancel_job(j)

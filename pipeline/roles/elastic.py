@@ -14,6 +14,9 @@ pass its KV cache's tokens with the row's. Decode ranks publish both counts in t
 from __future__ import annotations
 
 import asyncio
+import logging
+import os
+import signal
 import time
 
 from pipeline.config import Config
@@ -21,11 +24,15 @@ from pipeline.engine.model import load_tokenizer
 from pipeline.io.output import RowResult
 from pipeline.io.prompts import Prompt
 from pipeline.roles.colocated import colocated_serve
-from pipeline.roles.handoff import PrefillHandoff, kv_tokens_needed
+from pipeline.roles.errors import DecodeUnavailable
+from pipeline.roles.handoff import PrefillHandoff, RetryPolicy, kv_tokens_needed
 from pipeline.roles.router import DecodeRouter
 from pipeline.roles.shard_owner import Progress, ServeRow
 from pipeline.roles.work import own_shards
+from pipeline.runtime import failpoints
 from pipeline.runtime.claims import Claims
+
+log = logging.getLogger(__name__)
 
 
 def full_rows(cfg: Config) -> int:
@@ -51,11 +58,12 @@ def decode_full(router: DecodeRouter, kv_tokens: int, rows: int, pending: int = 
     last published (every 2 s: all prefill workers' hand-offs and its own units' rows) and this
     worker's hand-offs to it in flight now, plus ``pending`` (this worker's rows bound for a
     hand-off but still in prefill: their rank is not chosen yet, so each rank counts them).
-    False with no live, reachable rank (the hand-off then waits for one, as without
-    ``pools.elastic``)."""
-    reachable = router.live - router.unreachable.keys()
+    True with no live, reachable rank: every rank is lost, and the prefill worker serves its
+    rows itself until one is back (a rank first seen counts as live for
+    ``transport.decode_dead_after_s`` seconds, so this is not the start of a run)."""
+    reachable = router.reachable()
     if not reachable:
-        return False
+        return True
     for r in reachable:
         pub_rows, pub_kv = router.published.get(r, (0, 0))
         mine = sum(isinstance(k, str) for k in router.inflight.get(r, {}))
@@ -126,13 +134,19 @@ class ElasticDecode:
         tokenizer = await asyncio.to_thread(load_tokenizer, self.cfg)
         serve_row = colocated_serve(self.cfg, self.engine, self.worker, self.run.sample_lists())
 
+        kill_after, served = failpoints.decode_kill_after_rows(), 0  # fault injection (tests only)
+
         async def serve(p: Prompt) -> RowResult:
+            nonlocal served
             need = row_kv_tokens(self.cfg, p)
             self.own_rows, self.own_kv = self.own_rows + 1, self.own_kv + need
             try:
                 return await serve_row(p)
             finally:
                 self.own_rows, self.own_kv = self.own_rows - 1, self.own_kv - need
+                served += 1
+                if served == kill_after:
+                    os.kill(os.getpid(), signal.SIGKILL)
 
         progress = Progress(self.run, self.worker)
         poll_s = min(1.0, max(0.1, self.cfg.pools.elastic_idle_s / 2))
@@ -148,10 +162,12 @@ class ElasticPrefill:
     every live decode rank is full for it (:func:`decode_full`); then this
     worker's engine serves it alone (``local``: :func:`pipeline.roles.colocated.colocated_serve`;
     the row's ``decode_worker`` is null). At most ``job.batch_rows`` rows of each kind at once;
-    a row finding its kind's limit reached waits (re-deciding every 0.5 s or when a row ends)."""
+    a row finding its kind's limit reached waits (re-deciding every 0.5 s or when a row ends). A
+    row whose hand-off failed with no decode rank left alive is served here."""
 
     def __init__(self, cfg: Config, handoff: PrefillHandoff, local: ServeRow):
         self.cfg, self.handoff, self.local = cfg, handoff, local
+        handoff.no_retry_without_decode = True  # a row whose decode rank was lost, none left: served here
         self.limit, self.rows_full = cfg.job.batch_rows, full_rows(cfg)
         self.handing_off = self.serving_here = 0
         self.freed = asyncio.Event()
@@ -175,6 +191,11 @@ class ElasticPrefill:
                 self.handing_off += 1
                 try:
                     return await self.handoff.serve(p)
+                except (*RetryPolicy.RETRIED, DecodeUnavailable):
+                    if router.reachable():
+                        raise
+                    log.warning("row %s: no decode rank is left alive; serving it on this worker alone", p.row_key)
+                    continue  # decode_full is now true: served here
                 finally:
                     self.handing_off -= 1
                     self.freed.set()

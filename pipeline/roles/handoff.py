@@ -80,6 +80,9 @@ class PrefillHandoff:
         self.policy = RetryPolicy(cfg.transport.handoff_retries + 1)
         self.samples = samples  # the sample columns are lists (RunDir.sample_lists)
         self.freeze_s, self.prefills = failpoints.prefill_freeze_s(), 0  # fault injection (tests)
+        # pools.elastic (pipeline.roles.elastic.ElasticPrefill): a hand-off that failed with no
+        # decode rank left alive and reachable is not tried again here; the row is served alone
+        self.no_retry_without_decode = False
 
     async def serve(self, p: Prompt) -> RowResult:
         """The row's generation (or error row).
@@ -129,13 +132,17 @@ class PrefillHandoff:
             except self.policy.RETRIED as exc:
                 # The KV this prefill produced is gone with that decode worker (or never
                 # arrived): prefill again and hand off to a live one.
-                if not self.policy.again(n, p.row_key, exc):
+                if self._no_decode_left() or not self.policy.again(n, p.row_key, exc):
                     raise
                 continue
             # res.retry: the decode worker gave up waiting for this request's KV and aborted it.
             if not res.retry or not self.policy.again(n, p.row_key, res.error):
                 break
         return self._row(res, pre, t0, t_prefilled, n + 1, capacity_wait if self.dram else None)
+
+    def _no_decode_left(self) -> bool:
+        """With :attr:`no_retry_without_decode`: whether no decode rank is alive and reachable."""
+        return self.no_retry_without_decode and not self.router.reachable()
 
     def is_local(self, p: Prompt) -> bool:
         """Whether ``p`` is prefilled on its decode worker: its prompt is shorter than

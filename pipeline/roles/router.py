@@ -232,6 +232,10 @@ class DecodeRouter:
                         self.endpoints.get(rank), why, f" ({exc})" if exc is not None else "", self.ack_timeout_s,
                         self.timeout_s)
 
+    def reachable(self) -> set[int]:
+        """The decode ranks alive (heartbeat) and reachable (acknowledging) from this worker."""
+        return self.live - self.unreachable.keys()
+
     def check_fits(self, kv_tokens: int, prompt_tokens: int | None = None) -> None:
         """Raise :class:`KVTooLarge` if no known decode worker's KV cache holds ``kv_tokens``
         tokens, or (given ``prompt_tokens``, with the DRAM tier) no worker's DRAM tier holds the
@@ -256,7 +260,7 @@ class DecodeRouter:
         while True:
             # Live, reachable workers big enough for this request (a worker of unknown size
             # counts as one).
-            reachable = self.live - self.unreachable.keys()
+            reachable = self.reachable()
             fits = {r for r in reachable if (self.capacity.get(r) or kv_tokens) >= kv_tokens}
             if fits:
                 break

@@ -40,15 +40,20 @@ ServeRow = Callable[[Prompt], Awaitable[RowResult]]
 
 class Progress:
     """Rows and output tokens this worker has finished, published to the run directory at most
-    once a second (the launcher's progress bar reads it)."""
+    once a second (the launcher's progress bar reads it), and of those rows the ones it handed
+    off to a decode rank (``handed_off``) and those it served alone in its own engine
+    (``alone``; ``python -m pipeline.status`` shows both for a disaggregated worker)."""
 
     def __init__(self, run: RunDir, worker: str):
         self.run, self.worker = run, worker
-        self.data = {"worker": worker, "rows": 0, "output_tokens": 0, "shards": 0}
+        self.data = {"worker": worker, "rows": 0, "output_tokens": 0, "shards": 0, "handed_off": 0, "alone": 0}
         self._last = 0.0
 
-    def add(self, rows: int = 0, output_tokens: int = 0, shards: int = 0, force: bool = False) -> None:
+    def add(self, rows: int = 0, output_tokens: int = 0, shards: int = 0, force: bool = False,
+            handed_off: int = 0, alone: int = 0) -> None:
         self.data["rows"] += rows
+        self.data["handed_off"] += handed_off
+        self.data["alone"] += alone
         self.data["output_tokens"] += output_tokens
         self.data["shards"] += shards
         now = time.monotonic()
@@ -264,7 +269,8 @@ class ShardOwner:
             result.prompt_tokens = len(p.token_ids)
             result.prompt_truncated = p.truncated
             result.passage_ids, result.passage_scores = p.passage_ids, p.passage_scores
-        self.progress.add(rows=1, output_tokens=result.output_tokens)
+        self.progress.add(rows=1, output_tokens=result.output_tokens, handed_off=int(result.decode_worker is not None),
+                          alone=int(result.decode_worker is None and result.error is None))
         record = (request_record(result, key=p.row_key, shard=self.shard.name, row=p.row, read_at=read_at)
                   if result.served else None)
         await self.checkpoint.add(p.row, result, record)

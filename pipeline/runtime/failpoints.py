@@ -15,6 +15,9 @@ every fault a test can inject is in this one module (and in docs/development.md,
 - :data:`PREFILL_START_DELAY_S` (:func:`prefill_start_delay_s`): a prefill worker sleeps this
   many seconds after its first claim, before it starts its engine (a prefill pool that runs
   short: what ``pools.elastic`` decode ranks make up for);
+- :data:`DECODE_KILL_AFTER_ROWS` (:func:`decode_kill_after_rows`): a ``pools.elastic`` decode
+  rank kills itself (SIGKILL) once N rows of its own units are served (a decode rank lost while
+  it serves units);
 - :data:`PREFILL_FREEZE_S` (:func:`prefill_freeze_s`, :func:`freeze_children`): after its second
   prefill a prefill worker stops its engine's processes for this many seconds (SIGSTOP, then
   SIGCONT), as on a hung node.
@@ -30,6 +33,7 @@ import os
 import signal
 
 DECODE_START_DELAY_S = "PD_PIPELINE_INJECT_DECODE_START_DELAY_S"
+DECODE_KILL_AFTER_ROWS = "PD_PIPELINE_INJECT_DECODE_KILL_AFTER_ROWS"
 KV_FAULTS = "PD_PIPELINE_INJECT_KV_FAULTS"
 KV_SKIPS = "PD_PIPELINE_INJECT_KV_SKIPS"
 PREFILL_FREEZE_S = "PD_PIPELINE_INJECT_PREFILL_FREEZE_S"
@@ -38,6 +42,7 @@ PREFILL_START_DELAY_S = "PD_PIPELINE_INJECT_PREFILL_START_DELAY_S"
 #: Every failpoint's environment variable -> what setting it does.
 FAILPOINTS = {
     DECODE_START_DELAY_S: "seconds a decode worker sleeps before it starts its engine",
+    DECODE_KILL_AFTER_ROWS: "a pools.elastic decode rank kills itself (SIGKILL) once N rows of its own units are served",
     KV_FAULTS: "the first N hand-offs a decode worker takes over NIXL never get their KV",
     KV_SKIPS: "the next N hand-offs a decode worker takes over NIXL are served without loading their KV",
     PREFILL_FREEZE_S: "seconds a prefill worker's engine processes stop after its second prefill",
@@ -71,6 +76,16 @@ def decode_start_delay_s() -> float:
         ValueError: the variable is set to something other than a non-negative number.
     """
     return float(_number(DECODE_START_DELAY_S, float))
+
+
+def decode_kill_after_rows() -> int:
+    """Rows of its own units (``pools.elastic``) a decode rank serves before it kills itself
+    with SIGKILL (:data:`DECODE_KILL_AFTER_ROWS`; 0 unless set: never).
+
+    Raises:
+        ValueError: the variable is set to something other than a non-negative integer.
+    """
+    return int(_number(DECODE_KILL_AFTER_ROWS, int))
 
 
 def prefill_start_delay_s() -> float:

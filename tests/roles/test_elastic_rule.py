@@ -37,9 +37,9 @@ def test_decode_is_full_only_when_every_rank_is(tmp_path):
             # Rank 1 lost (not live): only rank 0, full at 4 rows, is left.
             r.live.discard(1)
             assert decode_full(r, 500, rows=4)
-            # No rank live: never full (the hand-off waits for a rank, as without elastic pools).
+            # No rank live (every one lost): full, the prefill worker serves its rows itself.
             r.live.clear()
-            assert not decode_full(r, 500, rows=1)
+            assert decode_full(r, 500, rows=100)
         finally:
             r.close()
     asyncio.run(go())

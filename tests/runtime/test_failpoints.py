@@ -19,7 +19,8 @@ ROOT = Path(__file__).resolve().parents[2]
 READERS = {failpoints.decode_start_delay_s: failpoints.DECODE_START_DELAY_S,
            failpoints.kv_faults: failpoints.KV_FAULTS,
            failpoints.prefill_freeze_s: failpoints.PREFILL_FREEZE_S,
-           failpoints.prefill_start_delay_s: failpoints.PREFILL_START_DELAY_S}
+           failpoints.prefill_start_delay_s: failpoints.PREFILL_START_DELAY_S,
+           failpoints.decode_kill_after_rows: failpoints.DECODE_KILL_AFTER_ROWS}
 
 
 @pytest.mark.parametrize("read", list(READERS), ids=lambda f: f.__name__)
