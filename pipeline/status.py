@@ -56,7 +56,8 @@ def status_text(run: RunDir) -> str:
     """What ``python -m pipeline.status`` prints: shards done / failed / total, rows, rows/s
     (over :func:`elapsed_s`), ETA, the engines' start-up while some are not ready
     (:meth:`RunDir.starting_engines`), the shards being served and by whom (their claims,
-    :mod:`pipeline.runtime.claims`), each worker's progress and each decode worker's heartbeat.
+    :mod:`pipeline.runtime.claims`), each worker's progress (a disaggregated one's rows handed off
+    and served alone) and each decode worker's heartbeat.
 
     Raises:
         FileNotFoundError: ``run`` is not a run directory.
@@ -90,7 +91,7 @@ def status_text(run: RunDir) -> str:
     if serving:
         lines.append("serving: " + ", ".join(serving[:8]) + (f" and {len(serving) - 8} more" if len(serving) > 8 else ""))
     for w in sorted(workers, key=lambda w: w["worker"]):
-        lines.append(f"  {w['worker']}: {w['rows']} rows, {w['output_tokens']} output tokens, "
+        lines.append(f"  {w['worker']}: {w['rows']} rows{_paths(w)}, {w['output_tokens']} output tokens, "
                      f"{w['shards']} shards")
     now = time.time()
     for rank, d in sorted(run.decode_endpoints().items()):
@@ -103,6 +104,16 @@ def status_text(run: RunDir) -> str:
     for name, f in failed.items():
         lines.append(f"  failed {name}: {f['error']}")
     return "\n".join(lines)
+
+
+def _paths(w: dict) -> str:
+    """How a disaggregated worker's rows were served: a prefill worker's handed off to a decode
+    rank or served alone (``pools.elastic``), a decode rank's own units' (served alone)."""
+    if w["worker"].startswith("decode-"):
+        return " (its own units, served alone)"
+    if w["worker"].startswith("prefill-") and "alone" in w:  # progress written before: not said
+        return f" ({w['handed_off']} handed off, {w['alone']} served alone)"
+    return ""
 
 
 def _jobs(run: RunDir) -> tuple[int, int] | None:

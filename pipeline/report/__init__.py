@@ -25,6 +25,10 @@ and ``RUN_DIR/metrics/workers/``) and, when present, ``RUN_DIR/summary.json``, a
     role (prefill / decode / colocated); a worker of more than
     :data:`pipeline.report.plots.UTILISATION_MAX_POINTS` steps is drawn through that many equal
     spans of its time, each at its steps' largest value (the title says so).
+``pools.png`` (a disaggregated run)
+    per worker over time: rows finished that it handed off to a decode rank (solid) and rows it
+    served alone in one engine (dashed: ``pools.elastic``); ``report.json``'s
+    ``rows_by_worker`` has the counts (:mod:`pipeline.report.pools`).
 
 The report reads the metrics in columns (:class:`pipeline.report.load.Requests`), a file at a
 time, and computes every statistic over every value with numpy, no Python object per value

@@ -9,18 +9,20 @@ from typing import Any
 from pipeline.io.atomic import atomic_write
 from pipeline.report.load import load_run
 from pipeline.report.plots import plot_latency, plot_timeline, plot_utilisation
+from pipeline.report.pools import plot_pools, rows_by_worker
 from pipeline.report.summary import STALL_S, latencies, run_start, summarize
 
 
 def write_report(run_path: str | Path, out_dir: str | Path | None = None,
                  stall_s: float = STALL_S) -> dict[str, Any]:
-    """Write ``report.json``, ``timeline.png``, ``latency.png`` and ``utilisation.png`` for the
-    run in ``run_path`` into ``out_dir`` (default ``RUN_DIR/report/``).
+    """Write ``report.json``, ``timeline.png``, ``latency.png`` and ``utilisation.png`` (and, for
+    a disaggregated run, ``pools.png``: :mod:`pipeline.report.pools`) for the run in
+    ``run_path`` into ``out_dir`` (default ``RUN_DIR/report/``).
 
     ``stall_s``: the stall threshold in seconds (an ITL gap longer than this is a stall).
     Returns the content of ``report.json``: :func:`pipeline.report.summary.summarize_run`'s
-    keys plus ``timeline_rows`` (request rows drawn in the timeline), ``timeline_subsampled``
-    and ``files`` (name -> path).
+    keys plus ``timeline_rows`` (request rows drawn in the timeline), ``timeline_subsampled``,
+    ``rows_by_worker`` (:func:`pipeline.report.pools.rows_by_worker`) and ``files`` (name -> path).
 
     Raises:
         FileNotFoundError: no such directory, or no request metrics in it.
@@ -37,6 +39,10 @@ def write_report(run_path: str | Path, out_dir: str | Path | None = None,
     report["timeline_subsampled"] = report["timeline_rows"] < report["requests"]
     plot_latency(latencies(cols), files["latency"], stall_s)
     plot_utilisation(workers, files["utilisation"], start)
+    report["rows_by_worker"] = rows_by_worker(cols)
+    if report["rows_by_worker"]:  # disaggregated: how each worker's rows were served, over time
+        files["pools"] = out / "pools.png"
+        plot_pools(cols, files["pools"], start)
     files = {"report": out / "report.json", **files}
     report["files"] = {k: str(v) for k, v in files.items()}
     write_json(files["report"], report)
