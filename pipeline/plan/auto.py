@@ -150,6 +150,16 @@ def choose_pools(cfg: Config, shards: list, total_rows: int) -> tuple[Config, Po
         choice.prefill, choice.decode = d.prefill_workers, d.decode_workers
         choice.local_prefill_tokens = cfg.pools.local_prefill_tokens or local_prefill_threshold(
             model, hw, cfg.model.max_model_len, ptp, dtp)
+    if p.recommendation == "disaggregated":
+        predicted = p.disaggregated.makespan_s
+        at = f" (predicted makespan {predicted:.0f} s)" if predicted is not None else ""
+        choice.notes.append(
+            f"pools.elastic: this split is a starting point{at}: decode ranks with room take work units and prefill "
+            f"workers serve rows alone while every decode rank is full, so the pools follow the run's real output "
+            f"lengths" if cfg.pools.elastic else
+            f"the split is fixed for the run{at}; with pools.elastic=true it is a starting point that the pools "
+            f"rebalance from at run time (decode ranks with room take work, prefill workers serve rows alone while "
+            f"decode is full)")
     pools = dataclasses.replace(cfg.pools, mode=choice.mode, prefill=choice.prefill, decode=choice.decode,
                                 local_prefill_tokens=choice.local_prefill_tokens)
     return dataclasses.replace(cfg, pools=pools), choice

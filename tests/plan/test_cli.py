@@ -267,3 +267,19 @@ def test_cli_tp_given_for_a_model_past_eight_devices(tmp_path):
         assert p.returncode == 0, p.stderr
         out = json.loads(p.stdout)
         assert out["disaggregated"]["prefill_tp"] == out["disaggregated"]["decode_tp"] == 16
+
+
+def test_a_disaggregated_recommendation_says_elastic_pools_make_it_a_starting_point():
+    """Issue #40: the readable plan of the case above (disaggregated, by hand in
+    test_cli_json_llama_70b_on_h100) says that with pools.elastic=true the split is a starting
+    point the pools rebalance from; a colocated recommendation says nothing of it."""
+    p = _cli("--model", "llama-3.1-70b", "--hardware", "h100", "--prompt-tokens", "8192",
+             "--output-tokens", "256", "--rate", "2.0")
+    assert p.returncode == 0, p.stderr
+    assert "recommendation: disaggregated" in p.stdout
+    assert ("note: a split is the plan's guess from prompts and max output lengths; with pools.elastic=true the "
+            "pipeline takes it as a starting point and rebalances at run time") in p.stdout
+    p = _cli("--model", "smollm2-135m", "--hardware", "cpu", "--prompt-tokens", "200", "--output-tokens", "64",
+             "--count", "24")
+    assert p.returncode == 0, p.stderr
+    assert "recommendation: colocated" in p.stdout and "pools.elastic" not in p.stdout
