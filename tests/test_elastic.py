@@ -20,10 +20,15 @@ of the output.
 
 from __future__ import annotations
 
+import json
+import re
+
 import pyarrow.parquet as pq
 import pytest
 
 from pipeline.runtime.claims import holders
+from pipeline.runtime.rundir import RunDir
+from pipeline.status import status_text
 from tests.helpers import COMMON, SAMPLE, run_pipeline
 
 SHARDS = ["part-00000.parquet", "part-00001.parquet", "part-00002.parquet"]
@@ -52,6 +57,7 @@ def test_pools_rebalance_decode_takes_units_and_prefill_serves_rows_when_decode_
     # holding its claim: the decode rank alone, or the prefill worker, by hand-off (its KV moved
     # to the decode rank) or alone (the decode rank full).
     held = holders(run_dir)
+    _report_and_status_agree(run_dir, rows)
     alone = by_decode = 0
     for unit in range(6):
         holder = held[unit][1]
@@ -74,3 +80,64 @@ def test_pools_rebalance_decode_takes_units_and_prefill_serves_rows_when_decode_
     assert (f"pools.elastic: of the 24 rows, decode ranks served {by_decode} on their own and prefill workers "
             f"{alone} (prefill and decode in one engine, no hand-off); the other {24 - by_decode - alone} went "
             f"through prefill workers") in p.stdout, p.stdout
+
+
+@pytest.mark.e2e
+def test_a_decode_rank_lost_with_its_units_leaves_them_to_a_prefill_worker(tmp_path, colocated_run):
+    """Faults (issue #40): the decode rank claims units while the prefill worker comes up 10 s
+    late, and is killed (SIGKILL, ``PD_PIPELINE_INJECT_DECODE_KILL_AFTER_ROWS=2``) once it has
+    served 2 rows of them: a decode rank lost while it serves claimed units, the run's only one.
+    The prefill worker serves rows alone (no decode rank left) and ends when nothing is left to
+    claim but the lost rank's units, whose claims still look alive; once they do not (60 s), the
+    launcher starts array task 0 again, which takes them over and serves them alone. Checked:
+    exit status 0, every row once and equal to the colocated run (float32), every row of the
+    lost rank's units served in one engine by it or by the prefill worker, the claims of those
+    units now the prefill worker's, and the launcher's warnings."""
+    run_dir, out = tmp_path / "run", tmp_path / "out"
+    p = run_pipeline(*COMMON, f"job.input={SAMPLE}", f"job.output={out}", f"run.dir={run_dir}",
+                     "pools=disaggregated", "transport=nixl_push", "pools.elastic=true", "pools.elastic_idle_s=0.5",
+                     "job.unit_rows=4", "transport.decode_dead_after_s=5",
+                     env={"PD_PIPELINE_INJECT_PREFILL_START_DELAY_S": "10",
+                          "PD_PIPELINE_INJECT_DECODE_KILL_AFTER_ROWS": "2"})
+    assert p.returncode == 0, p.stderr[-4000:]
+    assert "rows 24: 24 generated, 0 errors" in p.stdout, p.stdout
+    assert "array task 0 started again as job" in p.stderr and "to take them over" in p.stderr, p.stderr[-3000:]
+
+    rows = []
+    for shard in SHARDS:
+        got, want = pq.read_table(out / shard).to_pylist(), colocated_run.rows(shard)
+        assert [r["id"] for r in got] == [r["id"] for r in want]
+        for g, w in zip(got, want):
+            assert g["error"] is None, g["error"]
+            assert g["generation_token_ids"] == w["generation_token_ids"], g["id"]
+        rows += got
+    held = holders(run_dir)
+    lost = [u for u in range(6) if any(r["prefill_worker"].startswith("decode-0@") for r in rows[4 * u:4 * u + 4])]
+    taken_over = [u for u in range(6) if held[u][0] > 0]  # claimed again after their holder was lost
+    assert held[0][1] == "prefill-0" and taken_over, held
+    for u in taken_over:  # the lost rank's units: each row served alone, by it (before it died) or prefill-0
+        assert held[u][1] == "prefill-0", held
+        for r in rows[4 * u:4 * u + 4]:
+            assert r["decode_worker"] is None and not r["kv_tokens"], r
+            assert r["prefill_worker"].split("@")[0] in ("decode-0", "prefill-0"), r
+    assert set(lost) <= set(taken_over), (lost, taken_over)
+    # The decode rank served at most the 2 rows it was killed after (1 of them may be in a checkpoint).
+    assert sum(r["prefill_worker"].startswith("decode-0@") for r in rows) <= 2
+
+
+def _report_and_status_agree(run_dir, rows: list[dict]) -> None:
+    """The run's report (``rows_by_worker``, ``pools.png``) and ``status`` say, per worker, the
+    rows it handed off and those it served alone, as counted here from the output."""
+    want: dict[str, dict[str, int]] = {}
+    for r in rows:
+        d = want.setdefault(r["prefill_worker"], {"handed_off": 0, "alone": 0, "errors": 0})
+        d["handed_off" if r["decode_worker"] else "alone"] += 1
+    rep = json.loads((run_dir / "report" / "report.json").read_text())
+    assert rep["rows_by_worker"] == want
+    assert (run_dir / "report" / "pools.png").read_bytes()[:4] == b"\x89PNG"
+    text = status_text(RunDir(run_dir))
+    for w, d in want.items():
+        line = f"  {w}: {d['handed_off'] + d['alone']} rows"
+        line += (" (its own units, served alone)" if w.startswith("decode-")
+                 else f" ({d['handed_off']} handed off, {d['alone']} served alone)")
+        assert re.search(re.escape(line) + ",", text), text

@@ -185,7 +185,7 @@ class PoolsConfig:
     decode: int = 1  # decode workers (disaggregated only)
     local_prefill_tokens: int = 0  # prompts shorter than this are prefilled on decode; 0: never
     elastic: bool = False  # disaggregated: an idle decode rank claims work units and serves them colocated
-    elastic_idle_s: float = 2.0  # pools.elastic: seconds a decode rank was not full before it claims a unit
+    elastic_idle_s: float = 0.5  # pools.elastic: seconds a decode rank was not full before it claims a unit (damps flapping)
     elastic_decode_rows: int = 0  # pools.elastic: rows a decode rank decodes at once before it counts as full; 0: job.batch_rows
     hardware: Optional[str] = None  # pools=auto: hardware preset; null: cpu without a GPU, else h100
     calibration: Optional[str] = None  # pools=auto: a finished run's directory to take measured speeds from

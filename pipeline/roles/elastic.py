@@ -123,10 +123,9 @@ class ElasticDecode:
         """While this rank :meth:`has_room`, claim work units (the prefill workers' claims:
         :func:`pipeline.roles.work.own_shards`) and serve their rows in this engine, prefill and
         decode (:func:`pipeline.roles.colocated.colocated_serve`: their ``prefill_worker`` names
-        this rank, their ``decode_worker`` is null as in any colocated row); stop claiming when
-        it is full (the units taken are served to the end, hand-offs joining the engine's
-        batches meanwhile), and claim again once it has room. Ends when the run is settled or
-        asked to stop.
+        this rank, their ``decode_worker`` is null as in any colocated row); while it is full,
+        wait (the units taken are served on, hand-offs joining the engine's batches), and claim
+        the next unit once it has room again. Ends when the run is settled or asked to stop.
 
         Raises:
             Exception: a worker failure while serving a unit (its engine died).
@@ -150,10 +149,23 @@ class ElasticDecode:
 
         progress = Progress(self.run, self.worker)
         poll_s = min(1.0, max(0.1, self.cfg.pools.elastic_idle_s / 2))
-        while not (self.run.stop_requested() or await asyncio.to_thread(self.run.all_settled)):
-            if self.has_room():
-                await own_shards(self.run, self.cfg, self.claims, self.worker, tokenizer, serve,
-                                 progress=progress, keep_claiming=self.has_room)
+
+        async def room() -> bool:
+            """Wait until this rank has room (True), or the run is settled or stopping (False)."""
+            polls = 0
+            while not self.has_room():
+                # the run's state read every 2 s at most (all_settled lists done/ and failed/)
+                if polls % max(1, round(2.0 / poll_s)) == 0 and (
+                        self.run.stop_requested() or await asyncio.to_thread(self.run.all_settled)):
+                    return False
+                polls += 1
+                await asyncio.sleep(poll_s)
+            return not (self.run.stop_requested() or await asyncio.to_thread(self.run.all_settled))
+
+        while await room():
+            # Claims the next unit whenever it has room, until none is left to claim.
+            await own_shards(self.run, self.cfg, self.claims, self.worker, tokenizer, serve,
+                             progress=progress, keep_claiming=room)
             await asyncio.sleep(poll_s)
 
 

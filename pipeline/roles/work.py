@@ -6,7 +6,8 @@ split shards whose parts are all written (:mod:`pipeline.io.units`)."""
 from __future__ import annotations
 
 import asyncio
-from typing import Any, Callable, Iterable
+import inspect
+from typing import Any, Awaitable, Callable, Iterable
 
 from pipeline.config import Config
 from pipeline.io.shards import Shard
@@ -18,11 +19,13 @@ from pipeline.runtime.rundir import RunDir
 
 async def own_shards(run: RunDir, cfg: Config, claims: Claims, worker: str, tokenizer: Any,
                      serve: ServeRow, limit: int | None = None, progress: Progress | None = None,
-                     keep_claiming: Callable[[], bool] = lambda: True, batch_rows: int | None = None) -> None:
+                     keep_claiming: Callable[[], bool | Awaitable[bool]] = lambda: True,
+                     batch_rows: int | None = None) -> None:
     """Claim units one after another (this worker's own first, then the next nobody holds, in
     input order) and serve each, skipping those already done or failed; at most ``limit`` units
-    in all (None: until none is left). ``keep_claiming``: asked before each claim; false ends
-    the claiming (the units taken are served to the end). ``progress``: the worker's, when it
+    in all (None: until none is left). ``keep_claiming``: asked (and awaited, when it returns an
+    awaitable: it may wait for room) before each claim; false ends the claiming (the units taken
+    are served to the end). ``progress``: the worker's, when it
     calls this more than once (default: a new one).
 
     At most ``batch_rows`` rows (default ``job.batch_rows``) are being served at once across the worker, whatever the
@@ -39,7 +42,7 @@ async def own_shards(run: RunDir, cfg: Config, claims: Claims, worker: str, toke
     finishing, started = [], set()
     try:
         await asyncio.to_thread(assemble_ready, run, claims, tokenizer, progress, worker)
-        while keep_claiming() and (i := next_unit(run, claims, units, shards, limit, started)) is not None:
+        while await _asked(keep_claiming) and (i := next_unit(run, claims, units, shards, limit, started)) is not None:
             started.add(i)
             owner = ShardOwner(run, cfg, shards[units[i].shard], worker, tokenizer, serve, slots, progress,
                                still_mine=lambda i=i: claims.holds(i), unit=units[i],
@@ -51,6 +54,11 @@ async def own_shards(run: RunDir, cfg: Config, claims: Claims, worker: str, toke
         for t in finishing:
             t.cancel()
     progress.add(force=True)
+
+
+async def _asked(keep_claiming: Callable[[], bool | Awaitable[bool]]) -> bool:
+    go = keep_claiming()
+    return bool(await go) if inspect.isawaitable(go) else bool(go)
 
 
 def claim_first(run: RunDir, claims: Claims, limit: int | None) -> int | None:
