@@ -15,6 +15,7 @@ from tqdm import tqdm
 from pipeline.io.atomic import write_json
 from pipeline.launch.queue import _QueueCheck
 from pipeline.launch.queue import warn_held as _warn_held
+from pipeline.roles.work import TAKEOVER
 from pipeline.runtime.claims import LiveWorkers
 from pipeline.runtime.rundir import RunDir
 
@@ -182,6 +183,7 @@ def _serve_what_is_left(run: RunDir, jobs: Jobs, queue: _QueueCheck, restarts: l
     if not left or r.in_a_row >= TASK_RESTARTS:
         return False
     r.total, r.in_a_row, r.rows_at = r.total + 1, r.in_a_row + 1, rows
+    (run.path / TAKEOVER).touch()  # the task waits for the lost worker's claims to go stale to it
     jobs.array_tasks[0] = jobs.restart(0)
     jobs.save(run.path / "jobs.json")
     tqdm.write(f"warning: {len(left)} shards are not done and no worker serves them (a decode rank serving "

@@ -15,7 +15,7 @@ from pipeline.roles.colocated import colocated_serve
 from pipeline.roles.elastic import ElasticPrefill
 from pipeline.roles.handoff import PrefillHandoff
 from pipeline.roles.router import DecodeRouter, wait_for_decode
-from pipeline.roles.work import claim_first, own_shards
+from pipeline.roles.work import claim_first_or_take_over, own_shards
 from pipeline.runtime import failpoints
 from pipeline.runtime.addresses import worker_host
 from pipeline.runtime.claims import Claims
@@ -36,7 +36,7 @@ async def _prefill(run: RunDir, task: int, limit: int | None, cpus: str | None) 
     worker = worker_id("prefill", task)
     # Claims name the task, not its host: a task requeued onto another node resumes its own.
     claims = Claims(run.path, worker.split("@")[0])
-    if claim_first(run, claims, limit) is None:
+    if await claim_first_or_take_over(run, claims, limit) is None:
         return worker  # every shard is done or held by a live worker: no engine to start
     claims.start_heartbeat()
     # Fault injection (tests only): a prefill worker that comes up late (pools.elastic).

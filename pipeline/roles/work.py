@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import time
 from typing import Any, Awaitable, Callable, Iterable
 
 from pipeline.config import Config
@@ -59,6 +60,25 @@ async def own_shards(run: RunDir, cfg: Config, claims: Claims, worker: str, toke
 async def _asked(keep_claiming: Callable[[], bool | Awaitable[bool]]) -> bool:
     go = keep_claiming()
     return bool(await go) if inspect.isawaitable(go) else bool(go)
+
+
+TAKEOVER = "takeover"  # RUN_DIR/takeover: the launcher started an array task to take over a lost worker's units
+
+
+async def claim_first_or_take_over(run: RunDir, claims: Claims, limit: int | None) -> int | None:
+    """:func:`claim_first`; when nothing is left to claim but the launcher started this task to
+    take over the units of a worker it saw lost (``RUN_DIR/takeover``, ``pools.elastic``), try
+    again every 5 s until those units' claims are stale to this process too (a claimant first
+    seen counts as alive for :data:`~pipeline.runtime.claims.DEAD_AFTER_S` seconds, 15 s more
+    allowed) or the run is settled. None: nothing to serve."""
+    first = claim_first(run, claims, limit)
+    if first is not None or not (run.path / TAKEOVER).exists():
+        return first
+    deadline = time.monotonic() + claims.dead_after_s + 15
+    while first is None and time.monotonic() < deadline and not run.all_settled():
+        await asyncio.sleep(5)
+        first = claim_first(run, claims, limit)
+    return first
 
 
 def claim_first(run: RunDir, claims: Claims, limit: int | None) -> int | None:
