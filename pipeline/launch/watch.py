@@ -16,7 +16,7 @@ from pipeline.io.atomic import write_json
 from pipeline.launch.queue import _QueueCheck
 from pipeline.launch.queue import warn_held as _warn_held
 from pipeline.roles.work import TAKEOVER
-from pipeline.runtime.claims import LiveWorkers
+from pipeline.runtime.claims import LiveWorkers, heartbeats
 from pipeline.runtime.rundir import RunDir
 
 # Times in a row an array task killed outright (no result, no exception) is started again with no
@@ -183,7 +183,8 @@ def _serve_what_is_left(run: RunDir, jobs: Jobs, queue: _QueueCheck, restarts: l
     if not left or r.in_a_row >= TASK_RESTARTS:
         return False
     r.total, r.in_a_row, r.rows_at = r.total + 1, r.in_a_row + 1, rows
-    (run.path / TAKEOVER).touch()  # the task waits for the lost worker's claims to go stale to it
+    # The task takes the workers this launcher saw lost as dead at once (their claims' holders).
+    write_json(run.path / TAKEOVER, heartbeats(run.path))
     jobs.array_tasks[0] = jobs.restart(0)
     jobs.save(run.path / "jobs.json")
     tqdm.write(f"warning: {len(left)} shards are not done and no worker serves them (a decode rank serving "

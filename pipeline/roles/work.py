@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import json
 import time
 from typing import Any, Awaitable, Callable, Iterable
 
@@ -67,13 +68,19 @@ TAKEOVER = "takeover"  # RUN_DIR/takeover: the launcher started an array task to
 
 async def claim_first_or_take_over(run: RunDir, claims: Claims, limit: int | None) -> int | None:
     """:func:`claim_first`; when nothing is left to claim but the launcher started this task to
-    take over the units of a worker it saw lost (``RUN_DIR/takeover``, ``pools.elastic``), try
-    again every 5 s until those units' claims are stale to this process too (a claimant first
-    seen counts as alive for :data:`~pipeline.runtime.claims.DEAD_AFTER_S` seconds, 15 s more
-    allowed) or the run is settled. None: nothing to serve."""
+    take over the units of workers it saw lost (``RUN_DIR/takeover``: their heartbeats as it
+    read them, ``pools.elastic``), claim again with those workers presumed dead
+    (:meth:`Claims.presume_dead`), then every 5 s until their claims are stale to this process
+    (a claimant first seen counts as alive for ``dead_after_s`` seconds, 15 s more allowed) or
+    the run is settled. None: nothing to serve."""
     first = claim_first(run, claims, limit)
-    if first is not None or not (run.path / TAKEOVER).exists():
+    try:
+        lost = json.loads((run.path / TAKEOVER).read_text())
+    except (OSError, ValueError):
         return first
+    if first is None:
+        claims.presume_dead(lost)
+        first = claim_first(run, claims, limit)
     deadline = time.monotonic() + claims.dead_after_s + 15
     while first is None and time.monotonic() < deadline and not run.all_settled():
         await asyncio.sleep(5)

@@ -118,6 +118,19 @@ class Claims:
             return True
         return now - last[1] < self.dead_after_s
 
+    def presume_dead(self, beats: dict[str, str]) -> None:
+        """Count each worker of ``beats`` (worker -> its heartbeat file's text, as another
+        observer read it when it judged the worker dead: :func:`heartbeats`) as dead at once
+        while its heartbeat is still that text, instead of after ``dead_after_s`` of watching it;
+        a worker whose heartbeat changed since counts as alive, as usual."""
+        for worker, beat in beats.items():
+            try:
+                now_beat = (self.dir / "workers" / f"{worker}.json").read_text()
+            except OSError:
+                now_beat = None
+            if now_beat == beat:
+                self._seen[worker] = (beat, time.monotonic() - self.dead_after_s)
+
     # -- claiming -------------------------------------------------------------------------------
     def _link(self, index: int, generation: int) -> bool:
         """Create generation ``generation`` of unit ``index``'s claim; False if it exists."""
@@ -261,6 +274,20 @@ class LiveWorkers:
             if not ended and self._claims.alive(f.stem):
                 out.append(f.stem)
         return out
+
+
+def heartbeats(run_path: str | os.PathLike) -> dict[str, str]:
+    """Worker -> its heartbeat file's text, for every worker not marked ``ended`` (what
+    :meth:`Claims.presume_dead` takes)."""
+    out = {}
+    for f in sorted((Path(run_path) / "claims" / "workers").glob("*.json")):
+        try:
+            text = f.read_text()
+            if not json.loads(text).get("ended", False):
+                out[f.stem] = text
+        except (OSError, ValueError):
+            continue
+    return out
 
 
 def holders(run_path: str | os.PathLike, names: dict[str, str] | None = None) -> dict[int, tuple[int, str]]:

@@ -24,7 +24,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from pipeline.runtime.claims import Claims, LiveWorkers
+from pipeline.runtime.claims import Claims, LiveWorkers, heartbeats
 
 UNITS = 60
 CLAIMANTS = 8
@@ -115,6 +115,28 @@ def test_the_launcher_sees_a_worker_live_until_it_ends_or_its_heartbeat_stands_s
     assert time.monotonic() - first_look >= 0.5  # b's heartbeat stood still for 0.5 s of this clock
     a.stop_heartbeat()  # its last beat says it ended
     assert watcher.live() == []
+
+
+def test_a_worker_another_observer_saw_lost_is_presumed_dead_until_it_beats_again(tmp_path):
+    """Issue #40: a task the launcher starts to take over a lost worker's units gets the
+    heartbeats the launcher judged dead (:func:`heartbeats`) and may claim that worker's units at
+    once (:meth:`Claims.presume_dead`), where watching it would take ``dead_after_s``; not once
+    the worker beats again."""
+    lost = Claims(tmp_path, "decode-0")
+    lost.beat()
+    assert lost.claim_next(range(2)) == 0 and lost.claim_next(range(2), exclude={0}) == 1
+    ended = Claims(tmp_path, "prefill-0")
+    ended.stop_heartbeat()  # ended: not among the heartbeats
+    beats = heartbeats(tmp_path)
+    assert set(beats) == {"decode-0"}
+    taker = Claims(tmp_path, "prefill-0")
+    assert taker.claim_next(range(2)) is None  # first seen: alive for 60 s
+    taker.presume_dead(beats)
+    assert taker.claim_next(range(2)) == 0 and taker.holds(0)
+    lost.beat()  # it was not dead after all: its heartbeat changed
+    other = Claims(tmp_path, "prefill-1")
+    other.presume_dead(beats)
+    assert other.claim_next(range(2)) is None
 
 
 def _skewed_input(folder: Path, sizes: list[int]) -> list[list[str]]:
