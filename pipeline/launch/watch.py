@@ -335,11 +335,15 @@ class _OtherWorkers:
         self.checked, self.others = -1e9, None
 
     def serving(self, own_ended: bool) -> bool:
-        """Whether any other worker serves the run, as of the last read."""
+        """Whether any other worker serves the run, as of the last read. A decode rank's claims
+        (``pools.elastic``) count only while the rank serves by its endpoint heartbeat (every
+        2 s, lost after ``transport.decode_dead_after_s``), which tells a lost rank sooner than
+        its claims' (60 s)."""
         if own_ended or time.monotonic() - self.checked > 5:
             self.checked, self.others = time.monotonic(), self.live.live()
             if self.jobs.decode:
-                self.beats.serving()
+                ranks = {f"decode-{r}" for r in self.beats.serving()}
+                self.others = [w for w in self.others if not w.startswith("decode-") or w in ranks]
         return bool(self.others)
 
 
