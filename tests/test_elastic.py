@@ -44,15 +44,7 @@ def test_pools_rebalance_decode_takes_units_and_prefill_serves_rows_when_decode_
     assert p.returncode == 0, p.stderr[-4000:]
     assert "rows 24: 24 generated, 0 errors" in p.stdout, p.stdout
 
-    served = {}
-    for shard in SHARDS:
-        got, want = pq.read_table(out / shard).to_pylist(), colocated_run.rows(shard)
-        assert [r["id"] for r in got] == [r["id"] for r in want]
-        for g, w in zip(got, want):
-            assert g["error"] is None, g["error"]
-            assert g["generation_token_ids"] == w["generation_token_ids"], g["id"]
-            served[(shard, g["id"])] = g
-    rows = list(served.values())
+    rows = _rows_as_colocated(out, colocated_run)
     # Each unit's 4 rows (in input order: the shards' row groups) were served by the worker
     # holding its claim: the decode rank alone, or the prefill worker, by hand-off (its KV moved
     # to the decode rank) or alone (the decode rank full).
@@ -103,14 +95,7 @@ def test_a_decode_rank_lost_with_its_units_leaves_them_to_a_prefill_worker(tmp_p
     assert "rows 24: 24 generated, 0 errors" in p.stdout, p.stdout
     assert "array task 0 started again as job" in p.stderr and "to take them over" in p.stderr, p.stderr[-3000:]
 
-    rows = []
-    for shard in SHARDS:
-        got, want = pq.read_table(out / shard).to_pylist(), colocated_run.rows(shard)
-        assert [r["id"] for r in got] == [r["id"] for r in want]
-        for g, w in zip(got, want):
-            assert g["error"] is None, g["error"]
-            assert g["generation_token_ids"] == w["generation_token_ids"], g["id"]
-        rows += got
+    rows = _rows_as_colocated(out, colocated_run)
     held = holders(run_dir)
     lost = [u for u in range(6) if any(r["prefill_worker"].startswith("decode-0@") for r in rows[4 * u:4 * u + 4])]
     taken_over = [u for u in range(6) if held[u][0] > 0]  # claimed again after their holder was lost
@@ -123,6 +108,20 @@ def test_a_decode_rank_lost_with_its_units_leaves_them_to_a_prefill_worker(tmp_p
     assert set(lost) <= set(taken_over), (lost, taken_over)
     # The decode rank served at most the 2 rows it was killed after (1 of them may be in a checkpoint).
     assert sum(r["prefill_worker"].startswith("decode-0@") for r in rows) <= 2
+
+
+def _rows_as_colocated(out, colocated_run) -> list[dict]:
+    """The output rows, shard after shard, each checked once and equal (greedy token ids, no
+    error) to the colocated run's row."""
+    rows = []
+    for shard in SHARDS:
+        got, want = pq.read_table(out / shard).to_pylist(), colocated_run.rows(shard)
+        assert [r["id"] for r in got] == [r["id"] for r in want]
+        for g, w in zip(got, want):
+            assert g["error"] is None, g["error"]
+            assert g["generation_token_ids"] == w["generation_token_ids"], g["id"]
+        rows += got
+    return rows
 
 
 def _report_and_status_agree(run_dir, rows: list[dict]) -> None:
