@@ -172,7 +172,9 @@ class PoolsConfig:
     ``elastic_idle_s`` seconds claims work units as a prefill worker does and serves their rows
     in its own engine, prefill and decode (hand-offs join its batches meanwhile); a prefill
     worker serves a row itself, prefill and decode, when every live decode rank is full for
-    that row (its rows, or its KV in flight plus the row's prompt and new tokens), up to
+    that row (its rows, or its KV in flight plus the row's prompt and new tokens), or when the
+    row is mostly prefill (more than ``elastic_prompt_per_output`` prompt tokens per output
+    token: a decode too short to be worth a hand-off; the length half of the rule), up to
     ``job.batch_rows`` such rows beside its ``job.batch_rows`` hand-offs. Each pool then works
     whichever of the two the run's prompts and outputs leave short.
     ``auto``: the planner chooses one of the two for ``prefill + decode`` workers from
@@ -187,6 +189,11 @@ class PoolsConfig:
     elastic: bool = False  # disaggregated: an idle decode rank claims work units and serves them colocated
     elastic_idle_s: float = 0.5  # pools.elastic: seconds a decode rank was not full before it claims a unit (damps flapping)
     elastic_decode_rows: int = 0  # pools.elastic: rows a decode rank decodes at once before it counts as full; 0: job.batch_rows
+    # pools.elastic: a row whose prompt has more tokens than this per output token (max_new_tokens x n) is served by its
+    # prefill worker alone, its decode too short to be worth a KV hand-off; 0: never. 10: one output token costs about
+    # as much compute as 10 prompt tokens (here ~1,200 prompt vs ~120 output tokens/s per core, tools/bench.py part 4;
+    # a GPU's ratio is of the same order: prefill is bound by compute, decode by reading weights and KV)
+    elastic_prompt_per_output: float = 10.0
     hardware: Optional[str] = None  # pools=auto: hardware preset; null: cpu without a GPU, else h100
     calibration: Optional[str] = None  # pools=auto: a finished run's directory to take measured speeds from
     sample_rows: int = 2000  # pools=auto: input rows sampled to plan from
@@ -198,6 +205,8 @@ class PoolsConfig:
         _check(self.local_prefill_tokens >= 0, "pools.local_prefill_tokens",
                f"must be >= 0, got {self.local_prefill_tokens}")
         _check(self.sample_rows >= 1, "pools.sample_rows", f"must be >= 1, got {self.sample_rows}")
+        _check(self.elastic_prompt_per_output >= 0, "pools.elastic_prompt_per_output",
+               f"must be >= 0, got {self.elastic_prompt_per_output}")
         _check(self.elastic_decode_rows >= 0, "pools.elastic_decode_rows", f"must be >= 0, got {self.elastic_decode_rows}")
         _check(self.elastic_idle_s >= 0, "pools.elastic_idle_s", f"must be >= 0, got {self.elastic_idle_s}")
         _check(not self.elastic or self.mode != "colocated", "pools.elastic",

@@ -41,6 +41,14 @@ def full_rows(cfg: Config) -> int:
     return cfg.pools.elastic_decode_rows or cfg.job.batch_rows
 
 
+def mostly_prefill(cfg: Config, p: Prompt) -> bool:
+    """Whether row ``p``'s prompt has more than ``pools.elastic_prompt_per_output`` tokens per
+    output token it may generate (``max_new_tokens`` x ``n``; 0: never): its decode is too short
+    to be worth a KV hand-off, and its prefill worker serves it alone."""
+    ratio, s = cfg.pools.elastic_prompt_per_output, p.sampling or cfg.job.sampling
+    return bool(ratio) and len(p.token_ids) > ratio * s.max_new_tokens * s.n
+
+
 def row_kv_tokens(cfg: Config, p: Prompt) -> int:
     """KV tokens row ``p`` may reach (prompt + new tokens of each sample)."""
     return kv_tokens_needed(len(p.token_ids), p.sampling or cfg.job.sampling, cfg.model.max_model_len)
@@ -171,7 +179,8 @@ class ElasticDecode:
 
 class ElasticPrefill:
     """A prefill worker's rows under ``pools.elastic``: each is handed off (``handoff``) unless
-    every live decode rank is full for it (:func:`decode_full`); then this
+    it is mostly prefill (:func:`mostly_prefill`) or every live decode rank is full for it
+    (:func:`decode_full`); then this
     worker's engine serves it alone (``local``: :func:`pipeline.roles.colocated.colocated_serve`;
     the row's ``decode_worker`` is null). At most ``job.batch_rows`` rows of each kind at once;
     a row finding its kind's limit reached waits (re-deciding every 0.5 s or when a row ends). A
@@ -187,11 +196,11 @@ class ElasticPrefill:
     async def serve(self, p: Prompt) -> RowResult:
         """The row's generation (or error row); raises what
         :meth:`PrefillHandoff.serve` raises."""
-        need = row_kv_tokens(self.cfg, p)
+        need, alone = row_kv_tokens(self.cfg, p), mostly_prefill(self.cfg, p)
         while True:
             router = self.handoff.router
             pending = max(0, self.handing_off - handoffs_in_flight(router))  # still in prefill
-            full = decode_full(router, need, self.rows_full, pending)
+            full = alone or decode_full(router, need, self.rows_full, pending)
             if full and self.serving_here < self.limit:
                 self.serving_here += 1
                 try:

@@ -43,3 +43,26 @@ def test_decode_is_full_only_when_every_rank_is(tmp_path):
         finally:
             r.close()
     asyncio.run(go())
+
+
+def test_a_row_mostly_prefill_stays_on_its_prefill_worker():
+    """The length half of the rule (pools.elastic_prompt_per_output, default 10): by hand, 64 new
+    tokens allow a prompt of up to 640 tokens to be handed off; 2 samples of 64, up to 1,280; a
+    row's own sampling counts; 0 turns it off."""
+    from pipeline.config import SamplingConfig, compose
+    from pipeline.io.prompts import Prompt
+    from pipeline.roles.elastic import mostly_prefill
+
+    cfg = compose(["+job=summarize", "pools.elastic=true", "job.sampling.max_new_tokens=64"])
+
+    def row(tokens: int, sampling=None) -> Prompt:
+        p = Prompt(row=0, row_key="r", token_ids=list(range(tokens)))
+        p.sampling = sampling
+        return p
+
+    assert not mostly_prefill(cfg, row(640)) and mostly_prefill(cfg, row(641))
+    assert not mostly_prefill(cfg, row(1280, SamplingConfig(max_new_tokens=64, n=2, temperature=1.0)))
+    assert mostly_prefill(cfg, row(641, SamplingConfig(max_new_tokens=64)))
+    assert mostly_prefill(cfg, row(200, SamplingConfig(max_new_tokens=8)))  # 200 > 80
+    off = compose(["+job=summarize", "pools.elastic=true", "pools.elastic_prompt_per_output=0"])
+    assert not mostly_prefill(off, row(100000))
