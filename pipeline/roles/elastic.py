@@ -180,18 +180,28 @@ class ElasticDecode:
 class ElasticPrefill:
     """A prefill worker's rows under ``pools.elastic``: each is handed off (``handoff``) unless
     it is mostly prefill (:func:`mostly_prefill`) or every live decode rank is full for it
-    (:func:`decode_full`); then this
-    worker's engine serves it alone (``local``: :func:`pipeline.roles.colocated.colocated_serve`;
-    the row's ``decode_worker`` is null). At most ``job.batch_rows`` rows of each kind at once;
-    a row finding its kind's limit reached waits (re-deciding every 0.5 s or when a row ends). A
-    row whose hand-off failed with no decode rank left alive is served here."""
+    (:func:`decode_full`); then this worker's engine serves it alone (``local``:
+    :func:`pipeline.roles.colocated.colocated_serve`; the row's ``decode_worker`` is null). At
+    most ``job.batch_rows`` rows of each kind at once; a row finding its kind's limit reached
+    waits (re-deciding every 0.5 s or when a row ends), and the worker claims no further unit
+    meanwhile (:meth:`room`). A row whose hand-off failed with no decode rank left alive is
+    served here."""
 
     def __init__(self, cfg: Config, handoff: PrefillHandoff, local: ServeRow):
         self.cfg, self.handoff, self.local = cfg, handoff, local
         handoff.no_retry_without_decode = True  # a row whose decode rank was lost, none left: served here
         self.limit, self.rows_full = cfg.job.batch_rows, full_rows(cfg)
-        self.handing_off = self.serving_here = 0
+        self.handing_off = self.serving_here = self.waiting = 0
         self.freed = asyncio.Event()
+
+    async def room(self) -> bool:
+        """Wait until no row of this worker waits for either kind (then True): the worker's
+        ``keep_claiming``, so that it claims its next unit only when it can start its rows,
+        leaving the units it could not start to decode ranks with room."""
+        await asyncio.sleep(0.05)  # the rows just started reach their choice first
+        while self.waiting:
+            await asyncio.sleep(0.1)
+        return True
 
     async def serve(self, p: Prompt) -> RowResult:
         """The row's generation (or error row); raises what
@@ -221,7 +231,10 @@ class ElasticPrefill:
                     self.handing_off -= 1
                     self.freed.set()
             self.freed.clear()
+            self.waiting += 1
             try:
                 await asyncio.wait_for(self.freed.wait(), 0.5)
             except asyncio.TimeoutError:
                 pass
+            finally:
+                self.waiting -= 1

@@ -55,11 +55,12 @@ async def _prefill(run: RunDir, task: int, limit: int | None, cpus: str | None) 
                               run.secret(), cfg.transport.ack_timeout_s)
         handoff = PrefillHandoff(cfg, engine, router, worker, attempt, model_kv_bytes_per_token(cfg),
                                  run.sample_lists())
-        serve, rows = handoff.serve, cfg.job.batch_rows
+        serve, rows, room = handoff.serve, cfg.job.batch_rows, (lambda: True)
         if cfg.pools.elastic:  # rows served here when the decode pool is full, beside the hand-offs
-            serve = ElasticPrefill(cfg, handoff, colocated_serve(cfg, engine, worker, run.sample_lists())).serve
-            rows *= 2
-        await own_shards(run, cfg, claims, worker, load_tokenizer(cfg), serve, limit, batch_rows=rows)
+            elastic = ElasticPrefill(cfg, handoff, colocated_serve(cfg, engine, worker, run.sample_lists()))
+            serve, rows, room = elastic.serve, rows * 2, elastic.room
+        await own_shards(run, cfg, claims, worker, load_tokenizer(cfg), serve, limit, keep_claiming=room,
+                         batch_rows=rows)
     finally:
         claims.stop_heartbeat()
         if router is not None:
