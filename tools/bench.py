@@ -43,18 +43,18 @@ itself in a temporary directory from CPython standard-library docstrings, PSF Li
    the hand-off p50/p99 against the target (NIXL transfer p50 + 2 decode steps p50), the p50 split
    into NIXL's own transfer time and the rest (messages, waiting for an engine step), the KV bytes
    and NIXL transfers per request, and the prefill engine's CPU.
+   **Elastic pools** (issue #40, section 2g; ``--only coloc2,disagg,disaggelastic --workloads
+   prefill,decode,mixed,skewed``): each workload run colocated (2 workers), static 1P:1D and
+   elastic 1P:1D (``pools.elastic=true``) on the same 2 cores; the table gives each one's
+   makespan against the better of static and colocated, each pool's busy fraction, the decode
+   ranks' ITL p99 and how rows were served (:mod:`tools.bench_parts.e2e.elastic`).
 3. **Hand-off overhead** per disaggregated request, from ``RUN_DIR/metrics``: the hand-off
    message (``decode_arrived_at - prefill_end``: ZeroMQ send, HMAC, decode's receive loop) and KV
    transfer + scheduling until the first decode token (``token_times[0] - decode_arrived_at``),
    p50 / p99 / max. The one-time NIXL handshake (and first-step warm-up of the decode engine) is
    estimated as the extra of the request that reached the decode worker first over the run's
    median: ``(first - median)`` of ``token_times[0] - decode_arrived_at``.
-4. **Elastic pools** (issue #40; ``--only coloc2,disagg,disaggelastic --workloads
-   prefill,decode,mixed,skewed``): each workload run colocated (2 workers), static 1P:1D and
-   elastic 1P:1D (``pools.elastic=true``) on the same 2 cores; the table gives each one's
-   makespan against the better of static and colocated, each pool's busy fraction, the decode
-   ranks' ITL p99 and how rows were served (:mod:`tools.bench_parts.e2e.elastic`).
-5. The KV transfer microbenchmark is ``tools/bench_kv.py``; ``--kv`` runs it once (a short
+4. The KV transfer microbenchmark is ``tools/bench_kv.py``; ``--kv`` runs it once (a short
    setting) and appends its output.
 
 How figures are measured:
@@ -150,7 +150,7 @@ def main(argv: list[str] | None = None) -> int:
                          "engine without async scheduling), disaggasyncload (transport.sync_kv_load=false), disaggdram (offload=dram), disagglocal "
                          "(pools.local_prefill_tokens=512), disaggtp3p / disaggtp3d (prefill / decode pool at TP 3), auto (pools=auto), "
                          "disaggelastic (pools.elastic=true; with coloc2 and disagg on --workloads prefill,decode,mixed,skewed: "
-                         "part 4, issue #40); "
+                         "section 2g, issue #40); "
                          "those after disagg are not in the default")
     ap.add_argument("--workloads", default="uniform,mixed",
                     help="for coloc2/disagg*: uniform, mixed, long, and the elastic part's prefill, decode, skewed "

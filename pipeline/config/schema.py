@@ -191,7 +191,7 @@ class PoolsConfig:
     elastic_decode_rows: int = 0  # pools.elastic: rows a decode rank decodes at once before it counts as full; 0: job.batch_rows
     # pools.elastic: a row whose prompt has more tokens than this per output token (max_new_tokens x n) is served by its
     # prefill worker alone, its decode too short to be worth a KV hand-off; 0: never. 10: one output token costs about
-    # as much compute as 10 prompt tokens (here ~1,200 prompt vs ~120 output tokens/s per core, tools/bench.py part 4;
+    # as much compute as 10 prompt tokens (here ~1,200 prompt vs ~120 output tokens/s per core, tools/bench.py 2g;
     # a GPU's ratio is of the same order: prefill is bound by compute, decode by reading weights and KV)
     elastic_prompt_per_output: float = 10.0
     hardware: Optional[str] = None  # pools=auto: hardware preset; null: cpu without a GPU, else h100

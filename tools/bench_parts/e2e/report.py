@@ -66,7 +66,7 @@ def report(args: argparse.Namespace, cfg: Any, wl: dict[str, dict], results: dic
                     f"sleeping in poll() (pipeline.engine.connector): {w} workload", "", text, ""]
     if any(n.startswith("disaggelastic-") and r for n, r in results.items()):
         text, facts["elastic"] = table_elastic(results)
-        out += ["## 4. Elastic pools (issue #40): static 1P:1D, colocated and elastic on the same 2 cores", "",
+        out += ["## 2g. Elastic pools (issue #40): static 1P:1D, colocated and elastic on the same 2 cores", "",
                 ELASTIC_NOTE, "", text, ""]
     for w in ("uniform", "mixed", "long"):
         if sum(1 for n in VARIANTS if results.get(f"{n}-{w}")) >= 2:
