@@ -56,7 +56,7 @@ def row_kv_tokens(cfg: Config, p: Prompt) -> int:
 
 def handoffs_in_flight(router: DecodeRouter) -> int:
     """The router's hand-offs sent and not yet answered, over all ranks (rows)."""
-    return sum(isinstance(k, str) for keys in router.inflight.values() for k in keys)
+    return sum(router.handoffs(r) for r in router.inflight)
 
 
 def decode_full(router: DecodeRouter, kv_tokens: int, rows: int, pending: int = 0) -> bool:
@@ -74,7 +74,7 @@ def decode_full(router: DecodeRouter, kv_tokens: int, rows: int, pending: int = 
         return True
     for r in reachable:
         pub_rows, pub_kv = router.published.get(r, (0, 0))
-        mine = sum(isinstance(k, str) for k in router.inflight.get(r, {}))
+        mine = router.handoffs(r)
         cap = router.capacity.get(r)
         kv = max(pub_kv, router.inflight_tokens.get(r, 0))
         if max(pub_rows, mine) + pending < rows and not (cap and kv + kv_tokens > cap):

@@ -232,6 +232,11 @@ class DecodeRouter:
                         self.endpoints.get(rank), why, f" ({exc})" if exc is not None else "", self.ack_timeout_s,
                         self.timeout_s)
 
+    def handoffs(self, rank: int) -> int:
+        """This worker's hand-offs to ``rank`` sent and not yet answered (rows; :attr:`inflight`
+        keys that are row keys, not reservations or acknowledgments)."""
+        return sum(isinstance(k, str) for k in self.inflight.get(rank, {}))
+
     def reachable(self) -> set[int]:
         """The decode ranks alive (heartbeat) and reachable (acknowledging) from this worker."""
         return self.live - self.unreachable.keys()
@@ -288,7 +293,7 @@ class DecodeRouter:
         if all(self.capacity.get(r) for r in fits):
             # Least loaded by KV: (tokens in flight + this request's) / capacity; ties by rank.
             return min(fits, key=lambda r: ((self.inflight_tokens.get(r, 0) + kv_tokens) / self.capacity[r], r))
-        return min(fits, key=lambda r: (sum(isinstance(k, str) for k in self.inflight.get(r, {})), r))
+        return min(fits, key=lambda r: (self.handoffs(r), r))
 
     async def reserve(self, r: Reserve, kv_tokens: int, wait_s: float, route: str | None = None,
                       tried: set[int] | None = None) -> tuple[int, dict]:
