@@ -104,6 +104,33 @@ def test_a_workers_cores_are_dealt_out_among_its_tp_ranks():
     assert omp_bind("4,6-8", 3) == "4,6|7|8"
 
 
+def test_one_core_list_per_worker_cycles_over_the_workers(tmp_path):
+    """cluster.prefill_cpus / decode_cpus "0;1": worker i on the i-th list, cycled (how the
+    elastic bench puts 4 workers of any xP:yD split two to a core on the 2-core test Slurm); the
+    local launcher hands each worker its own (submitit's jobs, read back), and a malformed list
+    is a ConfigError naming the key."""
+    from pipeline.engine.env import worker_cpus
+    from pipeline.launch.local import _task_starter
+
+    assert [worker_cpus("0;1", i) for i in range(5)] == ["0", "1", "0", "1", "0"]
+    assert worker_cpus("0,1", 3) == "0,1" and worker_cpus(None, 2) is None
+    assert worker_cpus("2-3;0;1", 4) == "0"
+
+    cfg = compose(["+job=summarize", "pools=colocated", "pools.prefill=3", "cluster.prefill_cpus='1;0'"])
+    submitted = []
+
+    class Ex:  # records what would start: the local executor would start an engine per worker
+        def submit(self, fn, *args):
+            submitted.append(args)
+
+    start = _task_starter(cfg, type("Run", (), {"path": tmp_path})(), Ex())
+    for i in range(3):
+        start(i)
+    assert [a[1] for a in submitted] == ["1", "0", "1"]
+    with pytest.raises(ConfigError, match="cluster.decode_cpus"):
+        compose(["+job=summarize", "cluster.decode_cpus='0;;1'"])
+
+
 @pytest.mark.parametrize("overrides,words", [
     (("offload=dram", "model.prefill_tp=3", "cluster.gpus_per_task=1"),
      ["model.prefill_tp=3 and model.decode_tp=1 with the DRAM tier", "heads innermost", "offload=none"]),

@@ -9,6 +9,7 @@ range a type cannot express, when :func:`pipeline.config.compose` turns the conf
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
@@ -116,7 +117,10 @@ class ClusterConfig:
     (or colocated) workers as a job array started after the decode jobs (``--dependency=after``).
 
     CPU binding of each engine (``VLLM_CPU_OMP_THREADS_BIND``): ``prefill_cpus`` /
-    ``decode_cpus`` when set (a core list such as ``"0"`` or ``"0,1"``); otherwise
+    ``decode_cpus`` when set (a core list such as ``"0"`` or ``"0,1"``, or one per worker separated
+    by ``;``, cycled, quoted in an override: ``cluster.prefill_cpus='0;1'`` puts array task or
+    decode rank i on core i mod 2, as the elastic bench does on the test Slurm, whose nodes share
+    one machine's cores); otherwise
     ``cpu_bind=partition`` splits this machine's cores between local workers and ``auto`` leaves
     it to vLLM (right on a cluster, where Slurm confines each task).
     """
@@ -124,8 +128,8 @@ class ClusterConfig:
     name: str = MISSING
     launcher: str = "local"  # where workers start: local (processes on this machine) or slurm (Slurm jobs)
     cpu_bind: str = "partition"  # partition: split this machine's cores between workers; auto: vLLM's
-    prefill_cpus: Optional[str] = None  # core list for prefill/colocated engines, e.g. "0"; null: cpu_bind
-    decode_cpus: Optional[str] = None  # core list for decode engines; null: cpu_bind
+    prefill_cpus: Optional[str] = None  # core list for prefill/colocated engines, e.g. "0", or one per worker: "0;1"; null: cpu_bind
+    decode_cpus: Optional[str] = None  # core list for decode engines, or one per rank: "1;0"; null: cpu_bind
     timeout_min: int = 120  # minutes a worker may run (Slurm: the time limit)
     # Slurm only, this key and those below it: the partition every job is submitted to (sbatch
     # --partition); null: the cluster's default partition
@@ -155,6 +159,10 @@ class ClusterConfig:
         _check(self.launcher in LAUNCHERS, "cluster.launcher", f"must be one of {sorted(LAUNCHERS)}, got {self.launcher!r}")
         _check(self.cpu_bind in CPU_BIND, "cluster.cpu_bind", f"must be one of {sorted(CPU_BIND)}, got {self.cpu_bind!r}")
         _check(self.timeout_min >= 1, "cluster.timeout_min", f"must be >= 1, got {self.timeout_min}")
+        for key in ("prefill_cpus", "decode_cpus"):
+            spec = getattr(self, key)
+            _check(spec is None or bool(re.fullmatch(r"\d+(-\d+)?(,\d+(-\d+)?)*(;\d+(-\d+)?(,\d+(-\d+)?)*)*", spec)),
+                   f"cluster.{key}", f'must be core lists such as "0", "0,2-3" or "0;1" (one per worker), got {spec!r}')
         _check(self.decode_ranks_per_node >= 1, "cluster.decode_ranks_per_node", "must be >= 1")
         _check(self.shards_per_task is None or self.shards_per_task >= 1, "cluster.shards_per_task", "must be >= 1")
 

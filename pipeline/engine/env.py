@@ -64,6 +64,16 @@ def omp_bind(cpus: str, tp: int) -> str:
     return cpus if tp <= 1 else "|".join(deal_cores(sorted(parse_cpus(cpus)), tp))
 
 
+def worker_cpus(spec: str | None, i: int) -> str | None:
+    """Worker ``i``'s core list from ``cluster.prefill_cpus`` / ``decode_cpus``: the list itself
+    (``"0"``, ``"0,1"``), or, where ``spec`` holds one list per worker separated by ``;``, the
+    ``i``-th, cycled (``worker_cpus("0;1", 2)`` -> ``"0"``); None stays None."""
+    if spec is None:
+        return None
+    lists = spec.split(";")
+    return lists[i % len(lists)]
+
+
 def parse_cpus(cpus: str) -> set[int]:
     """``"0,2-3"`` -> ``{0, 2, 3}``."""
     out: set[int] = set()

@@ -9,7 +9,7 @@ from typing import Any, Callable
 import submitit
 
 from pipeline.config import Config
-from pipeline.engine.env import deal_cores
+from pipeline.engine.env import deal_cores, worker_cpus
 from pipeline.runtime.rundir import RunDir
 from pipeline.launch.jobs import ArrayTaskJob, DecodeJob
 from pipeline.launch.watch import Jobs
@@ -45,7 +45,7 @@ def _task_starter(cfg: Config, run: RunDir, ex) -> Callable[[int], Any]:
     ``i mod pools.prefill`` (a task that joined later shares them)."""
     role = "colocated" if cfg.pools.mode == "colocated" else "prefill"
     task_job, cpus, p = ArrayTaskJob(role, str(run.path)), _cores(cfg), cfg.pools.prefill
-    return lambda i: ex.submit(task_job, i, cfg.cluster.prefill_cpus or cpus[i % p])
+    return lambda i: ex.submit(task_job, i, worker_cpus(cfg.cluster.prefill_cpus, i) or cpus[i % p])
 
 
 def launch_local(cfg: Config, run: RunDir) -> Jobs:
@@ -56,7 +56,7 @@ def launch_local(cfg: Config, run: RunDir) -> Jobs:
     decode_jobs = []
     if cfg.pools.mode != "colocated":
         decode, cpus = DecodeJob(str(run.path)), _cores(cfg)
-        decode_jobs = [ex.submit(decode, r, cfg.cluster.decode_cpus or cpus[p + r]) for r in range(d)]
+        decode_jobs = [ex.submit(decode, r, worker_cpus(cfg.cluster.decode_cpus, r) or cpus[p + r]) for r in range(d)]
     start = _task_starter(cfg, run, ex)
     return Jobs(array_tasks=[start(i) for i in range(p)], decode=decode_jobs, restart=start)
 

@@ -15,6 +15,7 @@ import subprocess
 import submitit
 
 from pipeline.config import Config
+from pipeline.engine.env import worker_cpus
 from pipeline.launch.jobs import ArrayTaskJob, DecodeJob
 from pipeline.runtime.rundir import RunDir
 from pipeline.launch.watch import Jobs
@@ -76,7 +77,7 @@ def launch_slurm(cfg: Config, run: RunDir, n_units: int) -> Jobs:
     depends = None
     if cfg.pools.mode == "disaggregated":
         for first, ex in _decode_executors(cfg, run):
-            decode_jobs.append(ex.submit(DecodeJob(path, first), None, cfg.cluster.decode_cpus))
+            decode_jobs.append(ex.submit(DecodeJob(path, first), None, worker_cpus(cfg.cluster.decode_cpus, first)))
         depends = "after:" + ":".join(j.job_id for j in decode_jobs)
     role = "prefill" if cfg.pools.mode == "disaggregated" else "colocated"
     n_tasks = n_array_tasks(cfg, n_units)
@@ -91,7 +92,7 @@ def launch_slurm(cfg: Config, run: RunDir, n_units: int) -> Jobs:
             extra["dependency"] = ",".join(deps)
         ex.update_parameters(array_parallelism=cfg.pools.prefill, additional_parameters=extra)
         tasks = list(range(start, min(start + chunk, n_tasks)))
-        tasks_jobs += ex.map_array(task_job, tasks, [cfg.cluster.prefill_cpus] * len(tasks))
+        tasks_jobs += ex.map_array(task_job, tasks, [worker_cpus(cfg.cluster.prefill_cpus, i) for i in tasks])
     return Jobs(array_tasks=tasks_jobs, decode=decode_jobs, restart=_task_restart(cfg, run, task_job))
 
 
@@ -140,7 +141,7 @@ def _task_executor(cfg: Config, run: RunDir) -> submitit.SlurmExecutor:
 
 def _task_restart(cfg: Config, run: RunDir, task_job: ArrayTaskJob):
     """restart(i): array task ``i`` submitted again as a job of its own (same task index)."""
-    return lambda i: _task_executor(cfg, run).submit(task_job, i, cfg.cluster.prefill_cpus)
+    return lambda i: _task_executor(cfg, run).submit(task_job, i, worker_cpus(cfg.cluster.prefill_cpus, i))
 
 
 def join_slurm(cfg: Config, run: RunDir, tasks: list[int]) -> Jobs:
@@ -150,6 +151,6 @@ def join_slurm(cfg: Config, run: RunDir, tasks: list[int]) -> Jobs:
     task_job = ArrayTaskJob(role, str(run.path), cfg.cluster.shards_per_task)
     ex = _task_executor(cfg, run)
     ex.update_parameters(array_parallelism=len(tasks))
-    jobs = ex.map_array(task_job, tasks, [cfg.cluster.prefill_cpus] * len(tasks))
+    jobs = ex.map_array(task_job, tasks, [worker_cpus(cfg.cluster.prefill_cpus, i) for i in tasks])
     restart = _task_restart(cfg, run, task_job)
     return Jobs(array_tasks=jobs, restart=lambda k: restart(tasks[k]))
