@@ -47,7 +47,10 @@ itself in a temporary directory from CPython standard-library docstrings, PSF Li
    prefill,decode,mixed,skewed``): each workload run colocated (2 workers), static 1P:1D and
    elastic 1P:1D (``pools.elastic=true``) on the same 2 cores; the table gives each one's
    makespan against the better of static and colocated, each pool's busy fraction, the decode
-   ranks' ITL p99 and how rows were served (:mod:`tools.bench_parts.e2e.elastic`).
+   ranks' ITL p99 and how rows were served (:mod:`tools.bench_parts.e2e.elastic`). ``--only
+   slurm`` (section 2h; the 4-node test Slurm up: ``slurm/start-test-cluster.sh --nodes 4``) runs
+   the same workloads as 4 workers there, two to a core: colocated, and each starting split 1P:3D,
+   2P:2D, 3P:1D static and elastic, against the best of colocated and the static splits.
 3. **Hand-off overhead** per disaggregated request, from ``RUN_DIR/metrics``: the hand-off
    message (``decode_arrived_at - prefill_end``: ZeroMQ send, HMAC, decode's receive loop) and KV
    transfer + scheduling until the first decode token (``token_times[0] - decode_arrived_at``),
@@ -150,7 +153,7 @@ def main(argv: list[str] | None = None) -> int:
                          "engine without async scheduling), disaggasyncload (transport.sync_kv_load=false), disaggdram (offload=dram), disagglocal "
                          "(pools.local_prefill_tokens=512), disaggtp3p / disaggtp3d (prefill / decode pool at TP 3), auto (pools=auto), "
                          "disaggelastic (pools.elastic=true; with coloc2 and disagg on --workloads prefill,decode,mixed,skewed: "
-                         "section 2g, issue #40); "
+                         "section 2g, issue #40), slurm (the same on the 4-node test Slurm from 1P:3D, 2P:2D, 3P:1D: section 2h); "
                          "those after disagg are not in the default")
     ap.add_argument("--workloads", default="uniform,mixed",
                     help="for coloc2/disagg*: uniform, mixed, long, and the elastic part's prefill, decode, skewed "

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from tools.bench_parts.e2e.elastic import ELASTIC_WORKLOADS
+from tools.bench_parts.e2e.elastic import ELASTIC_WORKLOADS, SLURM_SPLITS
 
 CONFIGS = {
     # name: (part, workload, description)
@@ -45,7 +45,14 @@ for _w in ELASTIC_WORKLOADS:
     CONFIGS.setdefault(f"coloc2-{_w}", ("coloc", _w, "colocated 2 workers x 1 core"))
     CONFIGS.setdefault(f"disagg-{_w}", ("disagg", _w, "disaggregated 1P (core 0) + 1D (core 1)"))
     CONFIGS[f"disaggelastic-{_w}"] = ("disaggelastic", _w, "disaggregated 1P + 1D, pools.elastic=true")
-PARTS = {"raw", "disaggelastic", "coloc", "coloc1", "coloc2", "disagg", "disaggspin", "disaggchunk", "disaggbefore", "disaggpush",
+# ... and on the 4-node test Slurm (slurm/start-test-cluster.sh --nodes 4), from each split of 4
+# workers (two to each of the machine's 2 cores), against colocated 4 workers: --only slurm.
+for _w in ELASTIC_WORKLOADS:
+    CONFIGS[f"slurmcoloc4-{_w}"] = ("slurm", _w, "test Slurm, colocated 4 workers")
+    for _s in SLURM_SPLITS:
+        CONFIGS[f"slurm{_s}-{_w}"] = ("slurm", _w, f"test Slurm, static {_s.upper()}")
+        CONFIGS[f"slurm{_s}elastic-{_w}"] = ("slurm", _w, f"test Slurm, elastic {_s.upper()}")
+PARTS = {"raw", "disaggelastic", "slurm", "coloc", "coloc1", "coloc2", "disagg", "disaggspin", "disaggchunk", "disaggbefore", "disaggpush",
          "disagglocal", "auto", "disaggsync", "disaggdram", "disaggasyncload", "disaggtp3p", "disaggtp3d"}
 WORKLOADS = {"uniform", "mixed", "long", *ELASTIC_WORKLOADS}
 #: Overrides of a workload: the long one needs the model's whole context; the elastic part's
@@ -102,6 +109,8 @@ def pipeline_overrides(name: str, args: argparse.Namespace, wl: dict) -> tuple[l
         c = cpu_slices(2, "partition")
         return base + ["pools=auto", "pools.prefill=1", "pools.decode=1",
                        f"job.batch_rows={max(1, args.inflight // 2)}"], {c[0]: "worker-0", c[1]: "worker-1"}
+    if name.startswith("slurm"):
+        return base + slurm_overrides(name, args), {}
     if name.startswith("disagg"):
         c = cpu_slices(2, "partition")
         spin = VARIANT_OVERRIDES.get(name.split("-")[0], [])
@@ -112,3 +121,26 @@ def pipeline_overrides(name: str, args: argparse.Namespace, wl: dict) -> tuple[l
         return base + ["pools=disaggregated", "pools.prefill=1", "pools.decode=1",
                        f"job.batch_rows={rows}"] + spin, {c[0]: "prefill-0", c[1]: "decode-0"}
     raise ValueError(name)
+
+
+#: the test Slurm's nodes, their links (tests/conftest.py's SLURM), every node in both pools
+SLURM_BASE = ["cluster=slurm-test-nodes", "run.wait=true", "transport.ucx_tls=tcp", "transport.ucx_net_devices=eth0",
+              "cluster.prefill_partition=debug", "cluster.decode_partition=debug"]
+
+
+def slurm_overrides(name: str, args: argparse.Namespace) -> list[str]:
+    """Overrides of ``slurmcoloc4``, ``slurm{x}p{y}d`` (static) and ``slurm{x}p{y}delastic`` on
+    the 4-node test Slurm: 4 workers, two to each of this machine's 2 cores (array task / decode
+    rank i on core i mod 2, the decode ranks from core 1: ``cluster.*_cpus`` per worker), and
+    ``--inflight`` rows in flight in all (colocated: a quarter per worker; static: all on the
+    prefill workers, split between them; elastic: a quarter per engine, as in 1P:1D)."""
+    kind = name.split("-")[0][len("slurm"):]
+    base = [*SLURM_BASE, "cluster.prefill_cpus='0;1'", "cluster.decode_cpus='1;0'"]
+    if kind == "coloc4":
+        return base + ["pools=colocated", "pools.prefill=4", f"job.batch_rows={max(1, args.inflight // 4)}"]
+    elastic = kind.endswith("elastic")
+    split = kind.removesuffix("elastic")
+    p, d = int(split[0]), int(split[2])
+    rows = max(1, args.inflight // 4) if elastic else max(1, args.inflight // p)
+    return base + ["pools=disaggregated", f"pools.prefill={p}", f"pools.decode={d}", f"job.batch_rows={rows}"] + (
+        ["pools.elastic=true"] if elastic else [])

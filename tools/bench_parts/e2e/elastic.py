@@ -31,6 +31,8 @@ ELASTIC_WORKLOADS = {
     "skewed": ["job.sampling.max_new_tokens=256", "job.sampling.ignore_eos=true"],
 }
 SKEW_RANGE = (4, 256)
+#: the starting splits of 4 workers on the 4-node test Slurm (``--only slurm``)
+SLURM_SPLITS = ("1p3d", "2p2d", "3p1d")
 #: columns of the elastic table, in this order
 KINDS = (("coloc2", "colocated 2 workers"), ("disagg", "static 1P:1D"), ("disaggelastic", "elastic 1P:1D"))
 
@@ -130,4 +132,39 @@ def table_elastic(results: dict[str, list[dict]]) -> tuple[str, dict]:
     text = md_table(["workload", "pools", "makespan s (median)", "first read to last token s", "/ best of static, colocated",
                      "busy: prefill (colocated: workers) / decode", "decode ITL p99 ms", "rows handed off / decode alone / prefill alone (repeat 1)",
                      "repeats"], rows, "llrrrrrrr")
+    return text, facts
+
+
+def table_elastic_slurm(results: dict[str, list[dict]]) -> tuple[str, dict]:
+    """The test Slurm's table (``--only slurm``): per workload, colocated 4 workers, then each
+    split of :data:`SLURM_SPLITS` static and elastic; elastic's makespan over the best of
+    (colocated, the best static split). Facts: per workload and split, that ratio."""
+    rows, facts = [], {}
+    for wl in ELASTIC_WORKLOADS:
+        static = {s: results.get(f"slurm{s}-{wl}", []) for s in SLURM_SPLITS}
+        elastic = {s: results.get(f"slurm{s}elastic-{wl}", []) for s in SLURM_SPLITS}
+        coloc = results.get(f"slurmcoloc4-{wl}", [])
+        cands = [(med(rs, "process_s"), k) for k, rs in [("colocated", coloc), *static.items()] if rs]
+        if not cands or not any(elastic.values()):
+            continue
+        best = min(cands)
+        for label, rs, k in [("colocated 4 workers", coloc, "c"), *[(f"{kind} {s.upper()}", rs, kind[0])
+                             for s in SLURM_SPLITS for kind, rs in (("static", static[s]), ("elastic", elastic[s]))]]:
+            if not rs:
+                continue
+            paths = rs[0].get("rows_by_path") or {}
+            ratio = med(rs, "process_s") / best[0]
+            busy = (f"{statistics.median([_busy(r, 'colocated') or 0 for r in rs]):.2f}" if k == "c" else
+                    f"{statistics.median([_busy(r, 'prefill') or 0 for r in rs]):.2f} / "
+                    f"{statistics.median([_busy(r, 'decode') or 0 for r in rs]):.2f}")
+            rows.append([wl, label, fmt(med(rs, "process_s"), "s"), fmt(med(rs, "wall_s"), "s"), fmt(ratio, "x"),
+                         busy, fmt(med(rs, "decode_rank_itl_p99_s"), "ms"),
+                         f"{paths.get('handed_off', 0)} / {paths.get('decode_alone', 0)} / {paths.get('prefill_alone', 0)}",
+                         len(rs)])
+            if k == "e":
+                facts[f"{wl}-{label.split()[1]}"] = {"elastic_over_best": ratio, "best": best[1]}
+    text = md_table(["workload", "pools", "makespan s (median)", "first read to last token s",
+                     "/ best of static splits, colocated", "busy: prefill (colocated: workers) / decode",
+                     "decode ITL p99 ms", "rows handed off / decode alone / prefill alone (repeat 1)", "repeats"],
+                    rows, "llrrrrrrr")
     return text, facts

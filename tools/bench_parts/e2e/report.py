@@ -7,7 +7,7 @@ import statistics
 import time
 from typing import Any
 
-from tools.bench_parts.e2e.elastic import table_elastic
+from tools.bench_parts.e2e.elastic import table_elastic, table_elastic_slurm
 from tools.bench_parts.e2e.tables import (
     table_cpu, table_disagg_vs_coloc, table_handoff, table_raw_vs_coloc, table_threads, targets_table,
 )
@@ -22,6 +22,12 @@ ELASTIC_NOTE = (
     "its own). Colocated: job.batch_rows = in flight / 2 per worker; static: in flight on the prefill "
     "worker; elastic: in flight / 2 hand-offs plus in flight / 2 rows served alone on the prefill worker, "
     "the decode rank full at in flight / 2 rows.")
+SLURM_NOTE = (
+    "The 4-node test Slurm (network namespaces of this machine, NIXL over TCP between nodes), every node in "
+    "both pools; 4 workers, two to each core (array task / decode rank i on core i mod 2, decode ranks from "
+    "core 1). Makespan: launch to exit (submission and engine start-ups included). Colocated: in flight / 4 "
+    "per worker; static xP:yD: in flight / x on each prefill worker; elastic: in flight / 4 hand-offs plus "
+    "in flight / 4 rows served alone per prefill worker, each decode rank full at in flight / 4 rows.")
 
 
 def settings_text(args: argparse.Namespace, cfg: Any, wl: dict[str, dict]) -> str:
@@ -68,6 +74,10 @@ def report(args: argparse.Namespace, cfg: Any, wl: dict[str, dict], results: dic
         text, facts["elastic"] = table_elastic(results)
         out += ["## 2g. Elastic pools (issue #40): static 1P:1D, colocated and elastic on the same 2 cores", "",
                 ELASTIC_NOTE, "", text, ""]
+    if any(n.startswith("slurm") and r for n, r in results.items()):
+        text, facts["elastic_slurm"] = table_elastic_slurm(results)
+        out += ["## 2h. Elastic pools on the 4-node test Slurm (issue #40): 4 workers, two to a core, from each "
+                "starting split", "", SLURM_NOTE, "", text, ""]
     for w in ("uniform", "mixed", "long"):
         if sum(1 for n in VARIANTS if results.get(f"{n}-{w}")) >= 2:
             text, facts[f"variants-{w}"] = table_variants(results, w)
