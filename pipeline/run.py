@@ -42,6 +42,8 @@ class Summary:
     decode_kv: dict | None = None
     decode_rank_rows: int = 0  # rows decode ranks served on their own, prefill and decode (pools.elastic)
     prefill_local_rows: int = 0  # rows prefill workers served on their own, prefill and decode (pools.elastic)
+    # pools=auto: what it chose ("1P:1D", "colocated x2") and that layout's predicted makespan (s)
+    planned: dict | None = None
 
     @property
     def output_tokens_per_s(self) -> float:
@@ -56,6 +58,7 @@ class Summary:
                 f"run dir: {self.run_dir}"
                 + (f"\nreport: {self.report['report_dir']} | {_latency_line(self.report)}" if self.report else "")
                 + (f"\n{kv_text(self.decode_kv)}" if kv_text(self.decode_kv) else "")
+                + (f"\n{self.planned_text()}" if self.planned_text() else "")
                 + (f"\npools.elastic: of the {self.rows} rows, decode ranks served {self.decode_rank_rows} on their own and "
                    f"prefill workers {self.prefill_local_rows} (prefill and decode in one engine, no hand-off); "
                    f"the other {self.rows - self.decode_rank_rows - self.prefill_local_rows} went through prefill "
@@ -63,6 +66,34 @@ class Summary:
                 + "".join(f"\nfailed shard {name}: {why}" for name, why in self.failed.items())
                 + "".join(f"\ndecode rank {rank} ({worker}) was lost during the run; the other decode ranks "
                           f"served its rows" for rank, worker in self.lost_decode.items()))
+
+
+    def planned_text(self) -> str:
+        """pools=auto's predicted makespan against the measured one: the report's ``wall_s``
+        (first row read to last token, as the planner's makespan: engine start-ups are not in
+        it), or with no report the launch to end; '' when pools=auto did not choose."""
+        pred = (self.planned or {}).get("predicted_makespan_s")
+        if not pred:
+            return ""
+        measured, what = ((self.report["wall_s"], "first row read to last token") if self.report
+                          else (self.wall_s, "launch to end, engine start-ups included"))
+        elastic = "; pools.elastic: the split was a starting point" if self.planned.get("elastic") else ""
+        return (f"pools=auto chose {self.planned['choice']}: predicted makespan {pred:.0f} s, measured "
+                f"{measured:.0f} s ({what}), {measured / pred:.2f}x the prediction{elastic}")
+
+
+def planned(run: RunDir) -> dict | None:
+    """``RUN_DIR/pools.json`` (pools=auto's choice) as :attr:`Summary.planned`: ``choice``,
+    ``predicted_makespan_s`` (the chosen layout's, seconds; null when the planner gave none) and
+    ``elastic``; None without the file."""
+    try:
+        c = json.loads((run.path / "pools.json").read_text())
+    except (OSError, ValueError):
+        return None
+    mode = c.get("mode")
+    choice = f"{c['prefill']}P:{c['decode']}D" if mode == "disaggregated" else f"colocated x{c['prefill']}"
+    return {"choice": choice, "predicted_makespan_s": (c.get("options", {}).get(mode) or {}).get("makespan_s"),
+            "elastic": bool(run.config().pools.elastic)}
 
 
 def _latency_line(r: dict) -> str:
@@ -331,6 +362,7 @@ def summarize(run: RunDir, output: str, n_shards: int, wall_s: float, final: boo
         decode_kv=functools.reduce(add_counts, (d.get("decode_kv") for d in done.values()), add_counts(None, None)),
         decode_rank_rows=sum(d.get("decode_rank_rows", 0) for d in done.values()),
         prefill_local_rows=sum(d.get("prefill_local_rows", 0) for d in done.values()),
+        planned=planned(run),
     )
     if final:
         write_json(run.path / "summary.json", {**asdict(summary), "output_tokens_per_s": summary.output_tokens_per_s})

@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import re
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -190,3 +191,16 @@ def test_auto_run_saves_its_choice_and_runs_it(tmp_path, installed):
     assert f"mode: {choice['mode']}" in saved
     roles = {f.name.split("-")[0] for f in (tmp_path / "run" / "metrics" / "workers").glob("*.parquet")}
     assert roles == ({"colocated"} if choice["mode"] == "colocated" else {"prefill", "decode"})
+    # The end summary sets the chosen layout's predicted makespan against the measured one, first
+    # row read to last token (counted here from the request metrics), as the planner counts it.
+    from pipeline.io.metrics import read_request_metrics
+
+    m = read_request_metrics(tmp_path / "run").to_pydict()
+    measured = max(t[-1] for t in m["token_times"] if t) - min(x for x in m["read_at"] if x is not None)
+    predicted = choice["options"][choice["mode"]]["makespan_s"]
+    layout = f"{choice['prefill']}P:{choice['decode']}D" if choice["mode"] == "disaggregated" else f"colocated x{choice['prefill']}"
+    line = next(ln for ln in p.stdout.splitlines() if ln.startswith(f"pools=auto chose {layout}: "))
+    said = [float(x) for x in re.findall(r"([\d.]+) s\b", line)]
+    assert said[0] == pytest.approx(predicted, abs=0.5) and said[1] == pytest.approx(measured, abs=0.5), line
+    ratio = float(re.search(r"([\d.]+)x the prediction", line)[1])
+    assert ratio == pytest.approx(measured / predicted, abs=0.02), line
