@@ -108,6 +108,7 @@ It prints markdown tables (progress on stderr); ``--json`` also writes every per
 from __future__ import annotations
 
 import argparse
+import json
 import shutil
 import subprocess
 import sys
@@ -169,15 +170,26 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--work-dir", help="work directory (default: a new temporary directory)")
     ap.add_argument("--keep", action="store_true", help="keep the work directory")
     ap.add_argument("--kv", action="store_true", help="also run tools/bench_kv.py (short setting)")
+    ap.add_argument("--report-from", metavar="JSON",
+                    help="print the report of an earlier --json (one stopped early: the runs it finished), run nothing")
     ap.add_argument("--_raw", nargs=2, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
+    if args.report_from:
+        from pipeline.config import compose
+
+        saved = json.loads(Path(args.report_from).read_text())
+        was = argparse.Namespace(**saved["args"])
+        names = [n for n, rs in saved["results"].items() if rs]
+        print(report(was, compose(["+job=summarize", f"model.dtype={was.dtype}"]), saved["workloads"],
+                     {n: saved["results"][n] for n in names}, names, saved["failures"], None, 0.0, {}))
+        return 0
     if args._raw:
         from tools.bench_parts.e2e.raw import raw_main
 
         raw_main(*args._raw)
         return 0
     parts = set(csv_list(args.only))
-    bad = parts - PARTS
+    bad = parts - PARTS - {n.split("-")[0] for n in CONFIGS}  # a part, or one configuration by name
     if bad:
         ap.error(f"--only: unknown part(s) {sorted(bad)}")
     wls = set(csv_list(args.workloads))
@@ -198,6 +210,7 @@ def main(argv: list[str] | None = None) -> int:
                          long_rows=args.long_rows if "long" in wls else 0,
                          elastic=bool(wls & {"prefill", "decode", "skewed"}))
     names = selected(parts, wls)
+    machine = machine_text()
     print(f"work dir: {work}", file=sys.stderr)
     results: dict[str, list[dict]] = {n: [] for n in names}
     failures: list[dict] = []
@@ -212,6 +225,9 @@ def main(argv: list[str] | None = None) -> int:
                 continue
             r.update(quiet)
             results[n].append(r)
+            if args.json:  # after every run: a bench stopped early (or a report that fails) keeps its runs
+                write_json(args.json, {"args": vars(args), "workloads": wl, "results": results, "failures": failures,
+                                       "machine": machine, "finished": False})
             print(f"[{time.time() - t_start:6.0f} s] {n} repeat {rep + 1}/{args.repeats}: "
                   f"{r['output_tokens_per_s']:.1f} output tok/s ({r['output_tokens']} tokens), "
                   f"run {time.time() - t:.0f} s, other load {r['cpu']['other_load_cores']:.2f} cores, "
@@ -228,9 +244,6 @@ def main(argv: list[str] | None = None) -> int:
         kv_text = kv.stdout + (f"\n(exit status {kv.returncode}: {kv.stderr[-500:]})" if kv.returncode else "")
 
     facts: dict[str, Any] = {}
-    if args.json:  # every figure first: a report that fails must not lose the runs
-        write_json(args.json, {"args": vars(args), "workloads": wl, "results": results, "failures": failures,
-                               "machine": machine_text()})
     print(report(args, cfg, wl, results, names, failures, kv_text, time.time() - t_start, facts))
     if args.json:
         write_json(args.json, {"args": vars(args), "workloads": wl, "results": results, "failures": failures,
