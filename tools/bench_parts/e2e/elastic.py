@@ -148,7 +148,7 @@ def table_elastic_slurm(results: dict[str, list[dict]]) -> tuple[str, dict]:
         if not cands or not any(elastic.values()):
             continue
         best = min(cands)
-        for label, rs, k in [("colocated 4 workers", coloc, "c"), *[(f"{kind} {s.upper()}", rs, kind[0])
+        for label, rs, k in [("colocated 4 workers", coloc, "c"), *[(f"{kind} {s[0]}P:{s[2]}D", rs, kind[0])
                              for s in SLURM_SPLITS for kind, rs in (("static", static[s]), ("elastic", elastic[s]))]]:
             if not rs:
                 continue
