@@ -58,7 +58,7 @@ class Summary:
                 f"run dir: {self.run_dir}"
                 + (f"\nreport: {self.report['report_dir']} | {_latency_line(self.report)}" if self.report else "")
                 + (f"\n{kv_text(self.decode_kv)}" if kv_text(self.decode_kv) else "")
-                + (f"\n{self.planned_text()}" if self.planned_text() else "")
+                + "".join(f"\n{line}" for line in [self.planned_text()] if line)
                 + (f"\npools.elastic: of the {self.rows} rows, decode ranks served {self.decode_rank_rows} on their own and "
                    f"prefill workers {self.prefill_local_rows} (prefill and decode in one engine, no hand-off); "
                    f"the other {self.rows - self.decode_rank_rows - self.prefill_local_rows} went through prefill "
@@ -91,7 +91,9 @@ def planned(run: RunDir) -> dict | None:
     except (OSError, ValueError):
         return None
     mode = c.get("mode")
-    choice = f"{c['prefill']}P:{c['decode']}D" if mode == "disaggregated" else f"colocated x{c['prefill']}"
+    choice = (f"{c['prefill']}P:{c['decode']}D" + (f", local < {c['local_prefill_tokens']}"
+                                                    if c.get("local_prefill_tokens") else "")
+              if mode == "disaggregated" else f"colocated x{c['prefill']}")
     return {"choice": choice, "predicted_makespan_s": (c.get("options", {}).get(mode) or {}).get("makespan_s"),
             "elastic": bool(run.config().pools.elastic)}
 

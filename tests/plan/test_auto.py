@@ -198,7 +198,9 @@ def test_auto_run_saves_its_choice_and_runs_it(tmp_path, installed):
     m = read_request_metrics(tmp_path / "run").to_pydict()
     measured = max(t[-1] for t in m["token_times"] if t) - min(x for x in m["read_at"] if x is not None)
     predicted = choice["options"][choice["mode"]]["makespan_s"]
-    layout = f"{choice['prefill']}P:{choice['decode']}D" if choice["mode"] == "disaggregated" else f"colocated x{choice['prefill']}"
+    layout = (f"{choice['prefill']}P:{choice['decode']}D" + (f", local < {choice['local_prefill_tokens']}"
+                                                              if choice.get("local_prefill_tokens") else "")
+              if choice["mode"] == "disaggregated" else f"colocated x{choice['prefill']}")
     line = next(ln for ln in p.stdout.splitlines() if ln.startswith(f"pools=auto chose {layout}: "))
     said = [float(x) for x in re.findall(r"([\d.]+) s\b", line)]
     assert said[0] == pytest.approx(predicted, abs=0.5) and said[1] == pytest.approx(measured, abs=0.5), line

@@ -50,8 +50,8 @@ for _w in ELASTIC_WORKLOADS:
 for _w in ELASTIC_WORKLOADS:
     CONFIGS[f"slurmcoloc4-{_w}"] = ("slurm", _w, "test Slurm, colocated 4 workers")
     for _s in SLURM_SPLITS:
-        CONFIGS[f"slurm{_s}-{_w}"] = ("slurm", _w, f"test Slurm, static {_s.upper()}")
-        CONFIGS[f"slurm{_s}elastic-{_w}"] = ("slurm", _w, f"test Slurm, elastic {_s.upper()}")
+        CONFIGS[f"slurm{_s}-{_w}"] = ("slurm", _w, f"test Slurm, static {_s[0]}P:{_s[2]}D")
+        CONFIGS[f"slurm{_s}elastic-{_w}"] = ("slurm", _w, f"test Slurm, elastic {_s[0]}P:{_s[2]}D")
 PARTS = {"raw", "disaggelastic", "slurm", "coloc", "coloc1", "coloc2", "disagg", "disaggspin", "disaggchunk", "disaggbefore", "disaggpush",
          "disagglocal", "auto", "disaggsync", "disaggdram", "disaggasyncload", "disaggtp3p", "disaggtp3d"}
 WORKLOADS = {"uniform", "mixed", "long", *ELASTIC_WORKLOADS}

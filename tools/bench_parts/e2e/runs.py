@@ -9,6 +9,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from pipeline.run import planned
+from pipeline.runtime.rundir import RunDir
 from tools.bench_parts.e2e.configs import base_overrides, pipeline_overrides
 from tools.bench_parts.e2e.elastic import decode_rank_itl_p99, rows_by_path
 from tools.bench_parts.e2e.metrics import handoff_parts, per_owner_throughput, stall_attribution, worker_steps
@@ -67,11 +69,8 @@ def run_pipeline_config(name: str, rep: int, args: argparse.Namespace, wl: dict,
         out[k] = rep_[k]
     out["tokens_by_row"] = _output_tokens_by_row(run_dir)
     out["rows_by_path"], out["decode_rank_itl_p99_s"] = rows_by_path(cols), decode_rank_itl_p99(cols)
-    if (run_dir / "pools.json").exists():  # pools=auto: what it chose
-        c = json.loads((run_dir / "pools.json").read_text())
-        out["auto_choice"] = (f"{c['prefill']}P:{c['decode']}D" + (f", local < {c['local_prefill_tokens']}"
-                              if c["local_prefill_tokens"] else "") if c["mode"] == "disaggregated"
-                              else f"colocated x{c['prefill']}")
+    if (choice := planned(RunDir(run_dir))) is not None:  # pools=auto: what it chose
+        out["auto_choice"] = choice["choice"]
     return out
 
 
