@@ -31,6 +31,7 @@ from pipeline.roles.handoff import kv_tokens_needed
 from pipeline.roles.recompute import NORMAL_COMPUTED, computed_on_decode, recompute_error
 from pipeline.runtime import failpoints
 from pipeline.runtime.addresses import worker_host
+from pipeline.runtime.heartbeat import Heartbeat
 from pipeline.runtime.ids import worker_id
 from pipeline.runtime.ports import start_on_side_channel
 from pipeline.runtime.rundir import RunDir
@@ -108,9 +109,10 @@ class DecodeServer(ElasticDecode):
             self.dram_capacity = self.pool.num_slots * block_size
             self.polling = asyncio.create_task(self.pool.poll_notifications())
         # Publishing (again, after a requeue) is what lets prefill workers find this rank;
-        # refreshing it every 2 s is the heartbeat that tells them this rank is alive.
+        # refreshing it every 2 s is the heartbeat that tells them this rank is alive, from its
+        # own thread: a busy or starved event loop is not a lost rank (pipeline.runtime.heartbeat).
         self._publish()
-        self.beating = asyncio.create_task(self._heartbeat())
+        self.beating = Heartbeat(self._publish, 2.0, f"decode-heartbeat-{rank}").start()
         self.secret = run.secret()
         self.live: set[asyncio.Task] = set()
         self.serving: dict[str, asyncio.Task] = {}  # request id -> the task serving its hand-off
@@ -128,11 +130,6 @@ class DecodeServer(ElasticDecode):
     def _publish(self) -> None:
         self.run.publish_decode(self.rank, self.endpoint, self.worker, self.capacity, self.dram_capacity,
                                 **self.load())
-
-    async def _heartbeat(self) -> None:
-        while True:
-            await asyncio.sleep(2.0)
-            await asyncio.to_thread(self._publish)
 
     def _spawn(self, coro) -> asyncio.Task:
         task = asyncio.create_task(coro)
@@ -352,7 +349,7 @@ class DecodeServer(ElasticDecode):
         await self._answer(peer, result)
 
     def close(self) -> None:
-        self.beating.cancel()
+        self.beating.stop()  # before the last publish, which a beat must not overwrite
         if self.taking is not None:
             self.taking.cancel()
         if self.claims is not None:

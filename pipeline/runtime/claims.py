@@ -36,12 +36,12 @@ import json
 import os
 import re
 import socket
-import threading
 import time
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
 from pipeline.io.atomic import temporary_name, write_json
+from pipeline.runtime.heartbeat import Heartbeat
 
 HEARTBEAT_S = 5.0  # seconds between a claimant's heartbeats
 DEAD_AFTER_S = 60.0  # a heartbeat unchanged this long (observer's clock) marks its worker dead
@@ -72,8 +72,7 @@ class Claims:
         self._names: dict[str, str] = {}
         self._listed = False
         self._settled: set[int] = set()  # units is_settled said were settled (they stay so)
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._heartbeat: Heartbeat | None = None
         (self.dir / "workers").mkdir(parents=True, exist_ok=True)
 
     # -- reading --------------------------------------------------------------------------------
@@ -229,23 +228,13 @@ class Claims:
         """Beat now and then every ``every_s`` seconds from a daemon thread, so that a worker
         blocked in a long call (an engine starting) still counts as alive."""
         self.beat()
-
-        def loop() -> None:
-            while not self._stop.wait(every_s):
-                try:
-                    self.beat()
-                except OSError:
-                    pass  # a file system hiccup: the next beat tries again
-
-        self._thread = threading.Thread(target=loop, name=f"claims-heartbeat-{self.worker}", daemon=True)
-        self._thread.start()
+        self._heartbeat = Heartbeat(self.beat, every_s, f"claims-heartbeat-{self.worker}").start()
         return self
 
     def stop_heartbeat(self) -> None:
         """Stop beating and write the last heartbeat, marked ``ended``."""
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=5)
+        if self._heartbeat is not None:
+            self._heartbeat.stop()
             try:
                 self.beat(ended=True)
             except OSError:

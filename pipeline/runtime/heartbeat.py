@@ -1,0 +1,48 @@
+"""A heartbeat written from its own thread, so that it says "this process is alive" whatever its
+event loop is doing.
+
+A decode rank's heartbeat used to be an asyncio task of its worker: a loop held up by a long
+callback (vLLM's output handler and stat loggers after each engine step), or a process given
+little CPU (four engines sharing two cores on the test Slurm), kept it still for 30 s
+(``transport.decode_dead_after_s``) though the rank was serving, and prefill workers served its
+rows again (BENCHMARKS.md, "On the 4-node test Slurm"). Whether a rank *answers* is told by its
+acknowledgments instead (:class:`pipeline.roles.router.DecodeRouter`, ``ack_timeout_s``)."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from typing import Callable
+
+log = logging.getLogger(__name__)
+
+
+class Heartbeat:
+    """Call ``beat`` every ``every_s`` seconds from a daemon thread named ``name``, from
+    :meth:`start` until :meth:`stop`. A beat that raises ``OSError`` (a file system hiccup) is
+    skipped: the next one tries again. ``beat`` runs on that thread, so what it reads of objects
+    the event loop changes must be safe to read from another thread (``len`` of a dict, a sum
+    over a snapshot)."""
+
+    def __init__(self, beat: Callable[[], None], every_s: float, name: str):
+        self._beat, self.every_s = beat, every_s
+        self._stopped = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
+
+    def start(self) -> "Heartbeat":
+        self._thread.start()
+        return self
+
+    def _loop(self) -> None:
+        while not self._stopped.wait(self.every_s):
+            try:
+                self._beat()
+            except OSError as exc:
+                log.debug("heartbeat %s: %s; the next beat tries again", self._thread.name, exc)
+
+    def stop(self, timeout_s: float = 5.0) -> None:
+        """Stop beating and wait up to ``timeout_s`` seconds for a beat in progress to end (so
+        that a last beat written after it, such as "stopped", is not overwritten)."""
+        self._stopped.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=timeout_s)
