@@ -23,7 +23,7 @@ import os
 from typing import TYPE_CHECKING, Any, Literal
 
 from pipeline.config import Config
-from pipeline.engine.env import engine_env, parse_cpus, pinned_descendants
+from pipeline.engine.env import engine_env, parse_cpus, pin_worker, pinned_descendants, worker_pin
 from pipeline.engine.lora import lora_engine_kwargs
 from pipeline.engine.model import model_path
 from pipeline.engine.reaper import EngineReaper
@@ -163,6 +163,8 @@ def build_engine(cfg: Config, role: Role, *, cpus: str | None,
             (the checks at start, :mod:`pipeline.preflight.engine_args`, catch most of the first).
     """
     os.environ.update(engine_env(cfg, cpus=cpus, side_channel=side_channel, tp=cfg.model.tp_of(role)))
+    if (own := worker_pin(cfg, role, cpus)) is not None:
+        pin_worker(own)  # with its engine, not on the cores it was started on (worker_pin)
     from vllm.engine.arg_utils import AsyncEngineArgs
     from vllm.v1.engine.async_llm import AsyncLLM
 

@@ -105,6 +105,36 @@ def pin_descendants(cpus: set[int]) -> None:
             continue
 
 
+def worker_pin(cfg: Config, role: str, cpus: str | None) -> set[int] | None:
+    """The cores a worker process itself (its event loop, tokenizer, heartbeat) is confined to:
+    its engine's ``cpus``, where they come from a core list of the config
+    (``cluster.decode_cpus`` for decode, ``cluster.prefill_cpus`` otherwise); None where they are
+    the local launcher's slices or vLLM's choice, and the worker keeps the cores it started on.
+
+    A worker started on other cores than its engine's (a Slurm node's, here the test Slurm's
+    slurmd pinned to one core) computed on a core where its own engine did not run: measured on
+    the 4-node test Slurm, a decode rank's process stood runnable for 30-60 s with no CPU while
+    its engine ran on the other core (the kernel splits a session's CPU share across the cores
+    by the session's load on each), and its heartbeat stood still: the rank was taken for lost."""
+    explicit = cfg.cluster.decode_cpus if role == "decode" else cfg.cluster.prefill_cpus
+    return parse_cpus(cpus) if cpus is not None and explicit is not None else None
+
+
+def pin_worker(cpus: set[int]) -> None:
+    """Confine every thread of this process to ``cpus`` (threads it starts later inherit it).
+
+    Raises:
+        OSError: a core this process may not use (outside its Slurm allocation or cpuset).
+    """
+    import psutil
+
+    for thread in psutil.Process().threads():
+        try:
+            os.sched_setaffinity(thread.id, cpus)
+        except ProcessLookupError:
+            continue  # a thread that ended meanwhile
+
+
 # Seconds between two passes of :func:`pinned_descendants` while an engine starts.
 PIN_EVERY_S = 0.5
 

@@ -46,3 +46,45 @@ def test_a_thread_moved_off_the_cores_during_start_is_brought_back_before_the_st
         finally:
             child.stdin.close()
             child.wait(10)
+
+
+@pytest.mark.skipif(len(CORES) < 2, reason="needs two cores to confine a worker to one of them")
+def test_a_worker_given_a_core_list_runs_with_its_engine_and_one_given_a_slice_stays_where_it_started():
+    """A worker given its cores by ``cluster.decode_cpus`` / ``prefill_cpus`` is confined to them,
+    every thread it has and starts (read back from the kernel); the local launcher's slices
+    leave it where it started."""
+    import threading
+
+    from pipeline.config import compose
+    from pipeline.engine.env import pin_worker, worker_pin
+
+    last = str(CORES[-1])
+    # The local launcher's slice: no list in the config.
+    assert worker_pin(compose(["+job=summarize"]), "decode", last) is None
+    cfg = compose(["+job=summarize", f"cluster.decode_cpus='{CORES[0]};{last}'"])
+    assert worker_pin(cfg, "decode", last) == {CORES[-1]}
+    assert worker_pin(cfg, "prefill", last) is None  # prefill_cpus is not set
+    assert worker_pin(cfg, "decode", None) is None
+
+    def child() -> None:
+        seen.append(os.sched_getaffinity(0))
+        go.wait(10)
+        seen.append(os.sched_getaffinity(0))
+
+    seen: list[set[int]] = []
+    go = threading.Event()
+    before = os.sched_getaffinity(0)
+    t = threading.Thread(target=child)
+    t.start()
+    try:
+        pin_worker({CORES[-1]})
+        go.set()
+        t.join()
+        later: list[set[int]] = []
+        t2 = threading.Thread(target=lambda: later.append(os.sched_getaffinity(0)))
+        t2.start()
+        t2.join()
+        assert os.sched_getaffinity(0) == {CORES[-1]}
+        assert seen == [before, {CORES[-1]}] and later == [{CORES[-1]}], (seen, later)
+    finally:
+        pin_worker(before)
