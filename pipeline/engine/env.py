@@ -124,7 +124,8 @@ def pin_worker(cpus: set[int]) -> None:
     """Confine every thread of this process to ``cpus`` (threads it starts later inherit it).
 
     Raises:
-        OSError: a core this process may not use (outside its Slurm allocation or cpuset).
+        OSError: a core this process may not use (outside its Slurm allocation or cpuset),
+            naming the cores and the settings that gave them.
     """
     import psutil
 
@@ -133,6 +134,10 @@ def pin_worker(cpus: set[int]) -> None:
             os.sched_setaffinity(thread.id, cpus)
         except ProcessLookupError:
             continue  # a thread that ended meanwhile
+        except OSError as exc:
+            raise OSError(exc.errno, f"cannot run this worker on cores {sorted(cpus)} (cluster.prefill_cpus / "
+                                     f"decode_cpus): {exc.strerror}; this process may use "
+                                     f"{sorted(os.sched_getaffinity(0))}") from exc
 
 
 # Seconds between two passes of :func:`pinned_descendants` while an engine starts.

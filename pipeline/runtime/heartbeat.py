@@ -1,12 +1,13 @@
 """A heartbeat written from its own thread, so that it says "this process is alive" whatever its
 event loop is doing.
 
-A decode rank's heartbeat used to be an asyncio task of its worker: a loop held up by a long
-callback (vLLM's output handler and stat loggers after each engine step), or a process given
-little CPU (four engines sharing two cores on the test Slurm), kept it still for 30 s
-(``transport.decode_dead_after_s``) though the rank was serving, and prefill workers served its
-rows again (BENCHMARKS.md, "On the 4-node test Slurm"). Whether a rank *answers* is told by its
-acknowledgments instead (:class:`pipeline.roles.router.DecodeRouter`, ``ack_timeout_s``)."""
+A decode rank's heartbeat used to be an asyncio task of its worker, so a loop held up by a long
+callback (vLLM's output handler and stat loggers run there after each engine step) held the
+heartbeat too, and a rank still serving could read as lost after ``transport.decode_dead_after_s``.
+Whether a rank *answers* is told by its acknowledgments instead
+(:class:`pipeline.roles.router.DecodeRouter`, ``ack_timeout_s``). A thread does not help a process
+the kernel gives no CPU at all: that was the test Slurm's "lost" ranks (BENCHMARKS.md, "Again,
+each worker on its engine's cores"; :func:`pipeline.engine.env.worker_pin`)."""
 
 from __future__ import annotations
 

@@ -88,3 +88,12 @@ def test_a_worker_given_a_core_list_runs_with_its_engine_and_one_given_a_slice_s
         assert seen == [before, {CORES[-1]}] and later == [{CORES[-1]}], (seen, later)
     finally:
         pin_worker(before)
+
+
+def test_a_core_the_worker_may_not_use_is_refused_naming_the_settings():
+    from pipeline.engine.env import pin_worker
+
+    before = os.sched_getaffinity(0)
+    with pytest.raises(OSError, match=r"cannot run this worker on cores \[\d+\] \(cluster.prefill_cpus / decode_cpus\)"):
+        pin_worker({max(CORES) + 64})
+    assert os.sched_getaffinity(0) == before
