@@ -6,7 +6,7 @@ whose prefill worker claims its first unit and then comes up 10 s late
 (``PD_PIPELINE_INJECT_PREFILL_START_DELAY_S``, on top of its engine's start): its pool runs
 short. The decode rank, not full, claims units one at a time and serves them in its own engine.
 The prefill worker, once up, serves a row alone whenever the decode rank is full (serving a
-unit, or one hand-off), and hands it off otherwise. Which units each side gets depends on the
+unit, or one hand-off; ``pools.elastic_wait_s=0``: at once), and hands it off otherwise. Which units each side gets depends on the
 two engines' speeds; what must hold does not.
 
 Checked against what the output and the run directory say independently of the pipeline's
@@ -38,7 +38,7 @@ SHARDS = ["part-00000.parquet", "part-00001.parquet", "part-00002.parquet"]
 def test_pools_rebalance_decode_takes_units_and_prefill_serves_rows_when_decode_is_full(tmp_path, colocated_run):
     run_dir, out = tmp_path / "run", tmp_path / "out"
     p = run_pipeline(*COMMON, f"job.input={SAMPLE}", f"job.output={out}", f"run.dir={run_dir}",
-                     "pools=disaggregated", "transport=nixl_push", "pools.elastic=true", "pools.elastic_idle_s=0.5",
+                     "pools=disaggregated", "transport=nixl_push", "pools.elastic=true", "pools.elastic_idle_s=0.5", "pools.elastic_wait_s=0",
                      "pools.elastic_decode_rows=1", "job.unit_rows=4",
                      env={"PD_PIPELINE_INJECT_PREFILL_START_DELAY_S": "10"})
     assert p.returncode == 0, p.stderr[-4000:]
@@ -87,7 +87,7 @@ def test_a_decode_rank_lost_with_its_units_leaves_them_to_a_prefill_worker(tmp_p
     units now the prefill worker's, and the launcher's warnings."""
     run_dir, out = tmp_path / "run", tmp_path / "out"
     p = run_pipeline(*COMMON, f"job.input={SAMPLE}", f"job.output={out}", f"run.dir={run_dir}",
-                     "pools=disaggregated", "transport=nixl_push", "pools.elastic=true", "pools.elastic_idle_s=0.5",
+                     "pools=disaggregated", "transport=nixl_push", "pools.elastic=true", "pools.elastic_idle_s=0.5", "pools.elastic_wait_s=0",
                      "job.unit_rows=4", "transport.decode_dead_after_s=5",
                      env={"PD_PIPELINE_INJECT_PREFILL_START_DELAY_S": "10",
                           "PD_PIPELINE_INJECT_DECODE_KILL_AFTER_ROWS": "2"})

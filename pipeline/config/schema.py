@@ -176,11 +176,12 @@ class PoolsConfig:
     ``elastic`` (disaggregated; issue #40): roles become preferences. A decode rank is *full*
     while it decodes ``elastic_decode_rows`` rows or more (hand-offs in flight plus rows of its
     own units; 0: ``job.batch_rows``, the rows one colocated worker keeps in flight) or while
-    the KV its requests may reach fills its KV cache. A decode rank that has not been full for
-    ``elastic_idle_s`` seconds claims work units as a prefill worker does and serves their rows
-    in its own engine, prefill and decode (hand-offs join its batches meanwhile); a prefill
-    worker serves a row itself, prefill and decode, when every live decode rank is full for
-    that row (its rows, or its KV in flight plus the row's prompt and new tokens), or when the
+    the KV its requests may reach fills its KV cache. A decode rank that has been neither full
+    nor sent a hand-off for ``elastic_idle_s`` seconds claims work units as a prefill worker
+    does and serves their rows in its own engine, prefill and decode (hand-offs join its
+    batches meanwhile); a prefill worker serves a row itself, prefill and decode, when every
+    live decode rank has been full for that row (its rows, or its KV in flight plus the row's
+    prompt and new tokens) for ``elastic_wait_s`` seconds, or when the
     row is mostly prefill (more than ``elastic_prompt_per_output`` prompt tokens per output
     token: a decode too short to be worth a hand-off; the length half of the rule), up to
     ``job.batch_rows`` such rows beside its ``job.batch_rows`` hand-offs. Each pool then works
@@ -195,7 +196,13 @@ class PoolsConfig:
     decode: int = 1  # decode workers (disaggregated only)
     local_prefill_tokens: int = 0  # prompts shorter than this are prefilled on decode; 0: never
     elastic: bool = False  # disaggregated: an idle decode rank claims work units and serves them colocated
-    elastic_idle_s: float = 0.5  # pools.elastic: seconds a decode rank was not full before it claims a unit (damps flapping)
+    # pools.elastic: seconds a decode rank was neither full nor sent a hand-off before it claims a unit. 2: a heartbeat
+    # period, in which every prefill worker has seen its room: while they fill it, its room is theirs (and it damps flapping)
+    elastic_idle_s: float = 2.0
+    # pools.elastic: seconds a prefill worker's row waits for a decode rank with room before its own engine serves it.
+    # 2: a heartbeat period; a decode rank frees a row every few seconds on decode-heavy work (rows / ITL x output
+    # tokens), and a row served on a prefill engine slows every prefill there (on a GPU as here)
+    elastic_wait_s: float = 2.0
     elastic_decode_rows: int = 0  # pools.elastic: rows a decode rank decodes at once before it counts as full; 0: job.batch_rows
     # pools.elastic: a row whose prompt has more tokens than this per output token (max_new_tokens x n) is served by its
     # prefill worker alone, its decode too short to be worth a KV hand-off; 0: never. 10: one output token costs about
@@ -217,6 +224,7 @@ class PoolsConfig:
                f"must be >= 0, got {self.elastic_prompt_per_output}")
         _check(self.elastic_decode_rows >= 0, "pools.elastic_decode_rows", f"must be >= 0, got {self.elastic_decode_rows}")
         _check(self.elastic_idle_s >= 0, "pools.elastic_idle_s", f"must be >= 0, got {self.elastic_idle_s}")
+        _check(self.elastic_wait_s >= 0, "pools.elastic_wait_s", f"must be >= 0, got {self.elastic_wait_s}")
         _check(not self.elastic or self.mode != "colocated", "pools.elastic",
                "needs disaggregated pools (pools=disaggregated or pools=auto): colocated workers serve every row already")
 

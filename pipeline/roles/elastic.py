@@ -62,10 +62,11 @@ def handoffs_in_flight(router: DecodeRouter) -> int:
 def decode_full(router: DecodeRouter, kv_tokens: int, rows: int, pending: int = 0) -> bool:
     """Whether every live, reachable decode rank of ``router`` is full for a request of
     ``kv_tokens`` KV tokens: it decodes ``rows`` rows or more, or its KV in flight plus
-    ``kv_tokens`` passes its KV cache's tokens. A rank's load is the larger of what its heartbeat
-    last published (every 2 s: all prefill workers' hand-offs and its own units' rows) and this
-    worker's hand-offs to it in flight now, plus ``pending`` (this worker's rows bound for a
-    hand-off but still in prefill: their rank is not chosen yet, so each rank counts them).
+    ``kv_tokens`` passes its KV cache's tokens. A rank's load is :meth:`DecodeRouter.load`
+    (its last heartbeat, every 2 s: all prefill workers' hand-offs and its own units' rows, less
+    this worker's hand-offs answered since; or this worker's hand-offs to it in flight now),
+    plus ``pending`` (this worker's rows bound for a hand-off but still in prefill: their rank
+    is not chosen yet, so each rank counts them).
     True with no live, reachable rank: every rank is lost, and the prefill worker serves its
     rows itself until one is back (a rank first seen counts as live for
     ``transport.decode_dead_after_s`` seconds, so this is not the start of a run)."""
@@ -73,11 +74,9 @@ def decode_full(router: DecodeRouter, kv_tokens: int, rows: int, pending: int = 
     if not reachable:
         return True
     for r in reachable:
-        pub_rows, pub_kv = router.published.get(r, (0, 0))
-        mine = router.handoffs(r)
+        load_rows, kv = router.load(r)
         cap = router.capacity.get(r)
-        kv = max(pub_kv, router.inflight_tokens.get(r, 0))
-        if max(pub_rows, mine) + pending < rows and not (cap and kv + kv_tokens > cap):
+        if load_rows + pending < rows and not (cap and kv + kv_tokens > cap):
             return False
     return True
 
@@ -87,6 +86,7 @@ class ElasticDecode:
 
     own_rows = own_kv = 0  # rows of its own units in flight, and the KV tokens they may reach
     full_at = 0.0  # time.monotonic() when this rank was last seen full
+    handoff_at = 0.0  # time.monotonic() when a hand-off last reached this rank
 
     def start_taking_units(self) -> None:
         """``pools.elastic``: claim work units while not full (:meth:`take_units`), as worker
@@ -110,6 +110,7 @@ class ElasticDecode:
     def count_handoff(self, request_id: str, kv_tokens: int, task: asyncio.Task) -> None:
         """Hand-off ``request_id`` may reach ``kv_tokens`` KV tokens until ``task`` ends."""
         self.handoff_kv[request_id] = kv_tokens
+        self.handoff_at = time.monotonic()
         task.add_done_callback(lambda _: self.handoff_kv.pop(request_id, None))
         self.is_full()
 
@@ -124,8 +125,11 @@ class ElasticDecode:
         return full
 
     def has_room(self) -> bool:
-        """Not full now, nor for the last ``pools.elastic_idle_s`` seconds."""
-        return not self.is_full() and time.monotonic() - self.full_at >= self.cfg.pools.elastic_idle_s
+        """Not full now, nor for the last ``pools.elastic_idle_s`` seconds, and no hand-off
+        reached it in that time: while the prefill pool feeds this rank, the room is theirs
+        (a prefill worker that sees it learns of its room within a heartbeat, 2 s)."""
+        last = max(self.full_at, self.handoff_at)
+        return not self.is_full() and time.monotonic() - last >= self.cfg.pools.elastic_idle_s
 
     async def take_units(self) -> None:
         """While this rank :meth:`has_room`, claim work units (the prefill workers' claims:
@@ -179,13 +183,14 @@ class ElasticDecode:
 
 class ElasticPrefill:
     """A prefill worker's rows under ``pools.elastic``: each is handed off (``handoff``) unless
-    it is mostly prefill (:func:`mostly_prefill`) or every live decode rank is full for it
-    (:func:`decode_full`); then this worker's engine serves it alone (``local``:
+    it is mostly prefill (:func:`mostly_prefill`), or every live decode rank has been full for
+    it (:func:`decode_full`) for ``pools.elastic_wait_s`` seconds, or no decode rank is left
+    alive; then this worker's engine serves it alone (``local``:
     :func:`pipeline.roles.colocated.colocated_serve`; the row's ``decode_worker`` is null). At
-    most ``job.batch_rows`` rows of each kind at once; a row finding its kind's limit reached
-    waits (re-deciding every 0.5 s or when a row ends), and the worker claims no further unit
-    meanwhile (:meth:`room`). A row whose hand-off failed with no decode rank left alive is
-    served here."""
+    most ``job.batch_rows`` rows of each kind at once; a row finding its kind's limit reached,
+    or the decode pool full for less than ``elastic_wait_s``, waits (re-deciding every 0.5 s or
+    when a row of this worker ends), and the worker claims no further unit meanwhile
+    (:meth:`room`). A row whose hand-off failed with no decode rank left alive is served here."""
 
     def __init__(self, cfg: Config, handoff: PrefillHandoff, local: ServeRow):
         self.cfg, self.handoff, self.local = cfg, handoff, local
@@ -203,27 +208,38 @@ class ElasticPrefill:
             await asyncio.sleep(0.1)
         return True
 
+    def here(self, p: Prompt, need: int, full_since: float | None) -> tuple[bool, float | None]:
+        """Whether row ``p`` (``need`` KV tokens) is for this worker's engine now, and since when
+        the decode pool has been full for it (None: not full)."""
+        if mostly_prefill(self.cfg, p):
+            return True, None
+        router = self.handoff.router
+        pending = max(0, self.handing_off - handoffs_in_flight(router))  # still in prefill
+        if not decode_full(router, need, self.rows_full, pending):
+            return False, None
+        full_since = full_since or time.monotonic()
+        lost = not router.reachable()
+        return lost or time.monotonic() - full_since >= self.cfg.pools.elastic_wait_s, full_since
+
     async def serve(self, p: Prompt) -> RowResult:
         """The row's generation (or error row); raises what
         :meth:`PrefillHandoff.serve` raises."""
-        need, alone = row_kv_tokens(self.cfg, p), mostly_prefill(self.cfg, p)
+        need, full_since = row_kv_tokens(self.cfg, p), None
         while True:
-            router = self.handoff.router
-            pending = max(0, self.handing_off - handoffs_in_flight(router))  # still in prefill
-            full = alone or decode_full(router, need, self.rows_full, pending)
-            if full and self.serving_here < self.limit:
+            here, full_since = self.here(p, need, full_since)
+            if here and self.serving_here < self.limit:
                 self.serving_here += 1
                 try:
                     return await self.local(p)
                 finally:
                     self.serving_here -= 1
                     self.freed.set()
-            if not full and self.handing_off < self.limit:
+            if full_since is None and not here and self.handing_off < self.limit:
                 self.handing_off += 1
                 try:
                     return await self.handoff.serve(p)
                 except (*RetryPolicy.RETRIED, DecodeUnavailable):
-                    if router.reachable():
+                    if self.handoff.router.reachable():
                         raise
                     log.warning("row %s: no decode rank is left alive; serving it on this worker alone", p.row_key)
                     continue  # decode_full is now true: served here

@@ -77,6 +77,9 @@ class DecodeRouter:
         self.dram_capacity: dict[int, int | None] = {}  # rank -> tokens its DRAM tier holds
         # rank -> (rows it decodes, KV tokens they may reach), as its last heartbeat published
         self.published: dict[int, tuple[int, int]] = {}
+        # rank -> (rows, KV tokens) of this worker's hand-offs to it answered since its last
+        # heartbeat was read: still counted in what that heartbeat published (:meth:`load`)
+        self.ended: dict[int, tuple[int, int]] = {}
         # rank -> request ids whose DRAM-tier reservation there no hand-off has claimed yet:
         # renewed every quarter of timeout_s (:class:`Renew`) so that the worker keeps them.
         self.reserved: dict[int, set[str]] = {}
@@ -101,6 +104,7 @@ class DecodeRouter:
             beat = ep.get("heartbeat")
             if rank not in self.beats or self.beats[rank][0] != beat:
                 self.beats[rank] = (beat, now)
+                self.ended.pop(rank, None)  # a new heartbeat: published after those ended
             # No heartbeat written at all (an endpoint without one): alive, as before.
             alive = beat is None or now - self.beats[rank][1] < self.dead_after_s
             self.capacity[rank] = ep.get("kv_capacity_tokens")
@@ -236,6 +240,17 @@ class DecodeRouter:
         """This worker's hand-offs to ``rank`` sent and not yet answered (rows; :attr:`inflight`
         keys that are row keys, not reservations or acknowledgments)."""
         return sum(isinstance(k, str) for k in self.inflight.get(rank, {}))
+
+    def load(self, rank: int) -> tuple[int, int]:
+        """Rank ``rank``'s load as this worker knows it now: ``(rows, KV tokens)`` it decodes,
+        the larger of what its last heartbeat published (every 2 s), less this worker's
+        hand-offs to it answered since that heartbeat was read, and this worker's hand-offs to it
+        in flight now. Without the correction a rank would look as loaded as it was up to 2 s
+        ago: a row of this worker that just ended there would still count."""
+        pub_rows, pub_kv = self.published.get(rank, (0, 0))
+        ended_rows, ended_kv = self.ended.get(rank, (0, 0))
+        return (max(pub_rows - ended_rows, self.handoffs(rank)),
+                max(pub_kv - ended_kv, self.inflight_tokens.get(rank, 0)))
 
     def reachable(self) -> set[int]:
         """The decode ranks alive (heartbeat) and reachable (acknowledging) from this worker."""
@@ -374,6 +389,8 @@ class DecodeRouter:
         finally:
             self._forget(rank, fut, h.row_key, ("received", h.request_id))
             self.inflight_tokens[rank] = self.inflight_tokens.get(rank, 0) - need
+            rows, kv = self.ended.get(rank, (0, 0))
+            self.ended[rank] = (rows + 1, kv + need)
 
     def close(self) -> None:
         for (rank, why), n in sorted(self.dropped.items()):

@@ -66,3 +66,76 @@ def test_a_row_mostly_prefill_stays_on_its_prefill_worker():
     assert mostly_prefill(cfg, row(200, SamplingConfig(max_new_tokens=8)))  # 200 > 80
     off = compose(["+job=summarize", "pools.elastic=true", "pools.elastic_prompt_per_output=0"])
     assert not mostly_prefill(off, row(100000))
+
+
+def test_a_row_waits_for_a_full_decode_pool_before_its_prefill_worker_serves_it(tmp_path):
+    """pools.elastic_wait_s: a row finding every decode rank full waits that long for room (a
+    rank frees a row every few seconds on decode-heavy work) before the prefill worker's own
+    engine takes it; room in that time sends it to a hand-off. A row mostly prefill, or one with
+    no decode rank left alive, is served there at once. Real run directory and router; the
+    worker's engine is not needed to decide (the hand-off object carries only the router)."""
+    import time
+    from types import SimpleNamespace
+
+    from pipeline.config import compose
+    from pipeline.io.prompts import Prompt
+    from pipeline.roles.elastic import ElasticPrefill
+
+    cfg = compose(["+job=summarize", "pools=disaggregated", "pools.elastic=true", "pools.elastic_wait_s=0.3",
+                   "pools.elastic_decode_rows=4", "job.sampling.max_new_tokens=64"])
+    run = RunDir(tmp_path)
+    run.publish_decode(0, "tcp://127.0.0.1:21000", "decode-0@x", 8192, decoding=4, kv_tokens_inflight=1000)
+    row = Prompt(row=0, row_key="r", token_ids=list(range(100)))  # 100 <= 10 x 64: handed off
+    long_row = Prompt(row=1, row_key="s", token_ids=list(range(700)))  # 700 > 640: mostly prefill
+
+    async def go():
+        r = DecodeRouter(run, timeout_s=5, dead_after_s=30, secret=b"k" * 32)
+        try:
+            e = ElasticPrefill(cfg, SimpleNamespace(router=r), local=None)
+            here, since = e.here(row, 164, None)  # full (4 rows): waits, from now
+            assert not here and since is not None
+            assert e.here(row, 164, since) == (False, since)  # still within 0.3 s
+            assert e.here(long_row, 764, None) == (True, None)  # mostly prefill: at once
+            time.sleep(0.35)
+            assert e.here(row, 164, since) == (True, since)  # full for 0.3 s: served here
+            time.sleep(0.01)
+            run.publish_decode(0, "tcp://127.0.0.1:21000", "decode-0@x", 8192, decoding=3, kv_tokens_inflight=900)
+            r._refresh()
+            assert e.here(row, 164, since) == (False, None)  # room: handed off
+            r.live.clear()  # every decode rank lost: served here at once
+            assert e.here(row, 164, None)[0]
+        finally:
+            r.close()
+    asyncio.run(go())
+
+
+def test_a_decode_rank_claims_units_only_while_no_hand_off_reaches_it():
+    """pools.elastic_idle_s: a decode rank claims a unit only after that long neither full nor
+    sent a hand-off: while the prefill pool feeds it, its room is theirs."""
+    import time
+
+    from pipeline.config import compose
+    from pipeline.roles.elastic import ElasticDecode
+
+    class Rank(ElasticDecode):  # the attributes DecodeServer gives the mixin
+        def __init__(self):
+            self.cfg = compose(["+job=summarize", "pools=disaggregated", "pools.elastic=true",
+                                "pools.elastic_idle_s=0.3", "pools.elastic_decode_rows=4"])
+            self.capacity, self.serving, self.handoff_kv = 8192, {}, {}
+            self.full_at = time.monotonic()
+
+    async def go():
+        d = Rank()
+        assert not d.has_room()  # just started: not yet 0.3 s
+        await asyncio.sleep(0.35)
+        assert d.has_room()
+        task = asyncio.create_task(asyncio.sleep(0.5))
+        d.serving["h1"] = task
+        d.count_handoff("h1", 500, task)  # a hand-off arrives: 1 row of 4, not full
+        assert not d.is_full() and not d.has_room()
+        await asyncio.sleep(0.35)  # 0.3 s since it arrived, still decoding: room again
+        assert d.has_room()
+        d.own_rows = 3  # with 3 rows of its own units: 4 rows, full
+        assert d.is_full() and not d.has_room()
+        await task
+    asyncio.run(go())

@@ -238,3 +238,54 @@ def test_kv_tokens_a_request_needs_stop_at_the_context_and_count_each_sample():
     assert kv_tokens_needed(100, SamplingConfig(max_new_tokens=10**9), 8192) == 8192  # ends at the context
     assert kv_tokens_needed(100, SamplingConfig(max_new_tokens=64, n=3), 8192) == 100 + 3 * 64
     assert kv_tokens_needed(8000, SamplingConfig(max_new_tokens=500, n=2), 8192) == 8000 + 2 * 192
+
+
+def test_a_ranks_load_counts_this_workers_answered_handoffs_off_its_last_heartbeat(tmp_path):
+    """pools.elastic: a prefill worker decides whether the decode pool is full from each rank's
+    heartbeat (rows it decodes, KV tokens they reach), written every 2 s. A row of this worker
+    that just ended there still counts in that figure until the next heartbeat; the router
+    takes it off (by hand: 4 rows, 1,000 KV tokens published; one 103-token hand-off answered
+    -> 3 rows, 897), until a new heartbeat is read, whose figures then stand as written."""
+    import zmq
+    import zmq.asyncio
+
+    from pipeline.roles.elastic import decode_full
+
+    secret = b"k" * 32
+
+    async def go():
+        run = RunDir(tmp_path)
+        ctx = zmq.asyncio.Context()
+        server = ctx.socket(zmq.ROUTER)
+        endpoint = f"tcp://127.0.0.1:{server.bind_to_random_port('tcp://127.0.0.1')}"
+        run.publish_decode(0, endpoint, "decode-0@x", 8192, decoding=4, kv_tokens_inflight=1000)
+
+        async def answering():  # acknowledges, then answers with a result
+            while True:
+                peer, data = await server.recv_multipart()
+                h = decode(verify(secret, data))
+                await server.send_multipart([peer, sign(secret, encode(Received(request_id=h.request_id)))])
+                await server.send_multipart([peer, sign(secret, encode(Result(
+                    row_key=h.row_key, decode_worker="decode-0@x", token_ids=[1], text="a", finish_reason="stop",
+                    error=None, kv_tokens=3, arrived_at=0.0, token_times=[0.0])))])
+
+        c = DecodeRouter(run, timeout_s=30, dead_after_s=30, secret=secret, ack_timeout_s=5)
+        answers = asyncio.create_task(answering())
+        try:
+            assert c.load(0) == (4, 1000)
+            assert decode_full(c, kv_tokens=10, rows=4) and not decode_full(c, kv_tokens=10, rows=5)
+            await c.handoff(Handoff(row_key="r1", request_id="r1-0", prefill_worker="prefill-0@x", attempt=1.0,
+                                    prompt_token_ids=[1, 2, 3], sampling={"max_new_tokens": 100},
+                                    kv_transfer_params={}, prefill_done_at=0.0), wait_s=1, kv_tokens=103)
+            assert c.load(0) == (3, 897)
+            assert not decode_full(c, kv_tokens=10, rows=4)  # room again, before the next heartbeat
+            time.sleep(0.01)  # the next heartbeat's time differs from the last
+            run.publish_decode(0, endpoint, "decode-0@x", 8192, decoding=4, kv_tokens_inflight=1000)
+            c._refresh()
+            assert c.load(0) == (4, 1000)  # written after the row ended: as written
+        finally:
+            answers.cancel()
+            c.close()
+            server.close(linger=0)
+            ctx.term()
+    asyncio.run(go())
