@@ -1,5 +1,7 @@
 """Killed and missing workers against the real pipeline (real vLLM, real NIXL): after each, the
-output holds every row exactly once and equals an undisturbed run."""
+output holds every row exactly once and equals an undisturbed run. A decode worker missing at
+start and a KV READ that hangs are one scenario (:func:`late_decode_then_hung_read`): the rerun
+after the failed start is the run whose READ hangs."""
 
 from __future__ import annotations
 
@@ -180,52 +182,72 @@ def test_kv_transfer_that_fails_is_retried(tmp_path, colocated_run, transport, s
     assert steps.column("kv_cache_usage")[-1].as_py() == 0.0, steps.column("kv_cache_usage")[-5:]
 
 
-@pytest.mark.e2e
-def test_kv_read_that_hangs_fails_in_time_and_is_retried(tmp_path, colocated_run):
-    # The decode engine READs a hand-off's KV inside a step (transport.sync_kv_load), so a READ
-    # that never completes would hold every row on that decode worker. Here one hangs for real:
-    # after its second prefill the prefill worker's engine processes are stopped for 15 s
-    # (SIGSTOP, PD_PIPELINE_INJECT_PREFILL_FREEZE_S) and UCX moves KV over TCP, where a READ
-    # needs the prefill side (shared-memory CMA would read a stopped process's memory anyway).
-    # The decode step gives up after transport.kv_timeout_s=3 s; the row is prefilled again once
-    # the engine runs again, and the output equals colocated.
+# A late decode worker, then a hung KV READ: one scenario in one run dir, so that the rerun after
+# the failed start is also the run whose READ hangs (one run of engines fewer than two scenarios).
+# The input is the first 3 rows of a sample shard: with job.batch_rows=1 the rows are served one
+# after another, the second one's READ hangs, and the third follows the retry; more rows would
+# only be served the same way, one at a time.
+LATE_ROWS = 3
+
+
+@pytest.fixture(scope="module")
+def late_decode_then_hung_read(tmp_path_factory):
+    """The first run: the decode worker starts 900 s late (PD_PIPELINE_INJECT_DECODE_START_DELAY_S);
+    prefill waits transport.connect_timeout_s=5 for it, then the run fails saying why, writing
+    nothing, and stops the late decode worker instead of waiting for it. The second run, in the
+    same run dir with the decode worker back, the rerun of the first: the decode engine READs a
+    hand-off's KV inside a step (transport.sync_kv_load), so a READ that never completes would
+    hold every row on that decode worker. Here one hangs for real: after its second prefill the
+    prefill worker's engine processes are stopped for 15 s (SIGSTOP,
+    PD_PIPELINE_INJECT_PREFILL_FREEZE_S) and UCX moves KV over TCP, where a READ needs the
+    prefill side (shared-memory CMA would read a stopped process's memory anyway). The decode
+    step gives up after transport.kv_timeout_s=3 s; the row is prefilled again once the engine
+    runs again. Returns (base dir, shard name, first run, rerun)."""
+    base = tmp_path_factory.mktemp("late-decode-hung-read")
     shard = "part-00000.parquet"
+    (base / "in").mkdir()
+    pq.write_table(pq.read_table(SAMPLE / shard).slice(0, LATE_ROWS), base / "in" / shard)
     args = [*COMMON, "transport=nixl_pull", "transport.ucx_tls='tcp,self'", "transport.kv_timeout_s=3",
-            "job.batch_rows=1", f"job.input={SAMPLE / shard}", f"run.dir={tmp_path / 'run'}",
-            f"job.output={tmp_path / 'out'}"]
-    p = run_pipeline(*args, env={"PD_PIPELINE_INJECT_PREFILL_FREEZE_S": "15"})
+            "job.batch_rows=1", f"job.input={base / 'in'}", f"run.dir={base / 'run'}", f"job.output={base / 'out'}"]
+    first = run_pipeline(*args, "transport.connect_timeout_s=5", timeout=600,
+                         env={"PD_PIPELINE_INJECT_DECODE_START_DELAY_S": "900"})
+    # What the first run left, before the rerun writes: no decode endpoint, no output.
+    left = (list((base / "run" / "decode").glob("rank-*.json")), (base / "out" / shard).exists())
+    again = run_pipeline(*args, env={"PD_PIPELINE_INJECT_PREFILL_FREEZE_S": "15"})
+    return base, shard, first, left, again
+
+
+@pytest.mark.e2e
+def test_kv_read_that_hangs_fails_in_time_and_is_retried(late_decode_then_hung_read, colocated_run):
+    # The rerun of late_decode_then_hung_read: one READ hangs; the decode step gives up on it
+    # after 3 s, the row is served again, and the output equals colocated.
+    base, shard, _, _, p = late_decode_then_hung_read
     assert p.returncode == 0, p.stderr[-3000:]
-    logs = "".join(f.read_text(errors="replace") for f in (tmp_path / "run" / "logs").rglob("*_log.err"))
+    logs = "".join(f.read_text(errors="replace") for f in (base / "run" / "logs").rglob("*_log.err"))
     assert logs.count("did not complete within 3 s") == 1 and logs.count("serving it again") == 1, logs[-3000:]
-    got = pq.read_table(tmp_path / "out" / shard)
-    want = colocated_run.table(shard)
+    got = pq.read_table(base / "out" / shard)
+    want = colocated_run.table(shard).slice(0, LATE_ROWS)
     assert got.column("error").null_count == got.num_rows
     assert got.column("generation_token_ids").to_pylist() == want.column("generation_token_ids").to_pylist()
     from pipeline.io.metrics import read_request_metrics
 
-    m = read_request_metrics(tmp_path / "run").to_pylist()
+    m = read_request_metrics(base / "run").to_pylist()
     assert sorted(r["tries"] for r in m) == [1] * (got.num_rows - 1) + [2]
 
 
 @pytest.mark.e2e
-def test_no_decode_worker_at_start_fails_clearly_then_reruns(tmp_path, colocated_run):
-    # The decode worker starts 900 s late (PD_PIPELINE_INJECT_DECODE_START_DELAY_S); prefill
-    # waits transport.connect_timeout_s=5 for it, then the run fails saying why, writing nothing,
-    # and stops the late decode worker instead of waiting for it.
-    shard = "part-00001.parquet"
-    args = [*COMMON, f"job.input={SAMPLE / shard}", f"run.dir={tmp_path / 'run'}",
-            f"job.output={tmp_path / 'out'}"]
-    p = run_pipeline(*args, "transport.connect_timeout_s=5", timeout=600,
-                     env={"PD_PIPELINE_INJECT_DECODE_START_DELAY_S": "900"})
+def test_no_decode_worker_at_start_fails_clearly_then_reruns(late_decode_then_hung_read, colocated_run):
+    # The first run of late_decode_then_hung_read fails in one clear line, leaving nothing; the
+    # rerun in the same run dir serves every row exactly once, as colocated.
+    base, shard, p, (ranks, wrote), again = late_decode_then_hung_read
     assert p.returncode == 1, p.stderr[-3000:]
     assert "0 of 1 decode workers came up within 5 s" in p.stderr, p.stderr[-3000:]
     assert "Traceback" not in p.stderr, p.stderr[-3000:]  # one clear line, no worker's traceback
-    assert not list((tmp_path / "run" / "decode").glob("rank-*.json"))
-    assert not (tmp_path / "out" / shard).exists()
-    # The same run dir, with the decode worker back: every row exactly once, as colocated.
-    again = run_pipeline(*args)
+    assert not ranks
+    assert not wrote
     assert again.returncode == 0, again.stderr[-3000:]
-    got = pq.read_table(tmp_path / "out" / shard)
-    want = colocated_run.table(shard)
+    got = pq.read_table(base / "out" / shard)
+    want = colocated_run.table(shard).slice(0, LATE_ROWS)
+    assert got.num_rows == LATE_ROWS
     assert got.column("id").to_pylist() == want.column("id").to_pylist()
     assert got.column("generation_token_ids").to_pylist() == want.column("generation_token_ids").to_pylist()
