@@ -24,8 +24,13 @@ def _steps(run: Run, role: str) -> list[dict]:
 # Preemption: short prompts (8 blocks each) and a decode KV cache of 16 usable blocks. While the
 # first request decodes, the next two wait in the DRAM tier; when it ends both are admitted (16
 # blocks), both grow, and vLLM preempts one. It must come back from the DRAM tier, not recompute
-# its prompt. The prefill pool runs at TP 3 (SmolLM2's 3 KV heads, one per rank).
-P_ROWS, P_NEW, P_BLOCKS, P_TP = 4, 160, 17, 3
+# its prompt. The prefill pool runs at TP 3 (SmolLM2's 3 KV heads, one per rank). The prompts
+# are 970-1002 tokens (930-960 of text and the template's), so a request needs a 9th block after
+# 22-54 new tokens. The prefill engine hands the rows over in pairs, ~6 s apart on these cores:
+# P_NEW = 128 (~8 s of decode alone) keeps a request decoding until the next pair waits, so two
+# are admitted together and one is preempted (at 160, seen: 3 preemptions; at 96, 6 s of decode
+# alone, too close to the pairs' spacing to count on it).
+P_ROWS, P_NEW, P_BLOCKS, P_TP = 4, 128, 17, 3
 KV_BYTES_PER_TOKEN = 2 * 30 * 3 * 64 * 4  # SmolLM2-135M in float32: 46,080 B
 P_CONTEXT = ["model.max_model_len=2048", f"job.sampling.max_new_tokens={P_NEW}"]
 
