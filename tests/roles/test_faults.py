@@ -198,11 +198,13 @@ def late_decode_then_hung_read(tmp_path_factory):
     same run dir with the decode worker back, the rerun of the first: the decode engine READs a
     hand-off's KV inside a step (transport.sync_kv_load), so a READ that never completes would
     hold every row on that decode worker. Here one hangs for real: after its second prefill the
-    prefill worker's engine processes are stopped for 15 s (SIGSTOP,
+    prefill worker's engine processes are stopped for 9 s (SIGSTOP,
     PD_PIPELINE_INJECT_PREFILL_FREEZE_S) and UCX moves KV over TCP, where a READ needs the
     prefill side (shared-memory CMA would read a stopped process's memory anyway). The decode
     step gives up after transport.kv_timeout_s=3 s; the row is prefilled again once the engine
-    runs again. Returns (base dir, shard name, first run, rerun)."""
+    runs again. 9 s is three times that timeout: the READ started 0.4 s into the freeze at the
+    last measure and was given up 3.4 s in (when it had lasted 15 s); a longer freeze is only
+    a longer wait. Returns (base dir, shard name, first run, what it left, rerun)."""
     base = tmp_path_factory.mktemp("late-decode-hung-read")
     shard = "part-00000.parquet"
     (base / "in").mkdir()
@@ -213,7 +215,7 @@ def late_decode_then_hung_read(tmp_path_factory):
                          env={"PD_PIPELINE_INJECT_DECODE_START_DELAY_S": "900"})
     # What the first run left, before the rerun writes: no decode endpoint, no output.
     left = (list((base / "run" / "decode").glob("rank-*.json")), (base / "out" / shard).exists())
-    again = run_pipeline(*args, env={"PD_PIPELINE_INJECT_PREFILL_FREEZE_S": "15"})
+    again = run_pipeline(*args, env={"PD_PIPELINE_INJECT_PREFILL_FREEZE_S": "9"})
     return base, shard, first, left, again
 
 
