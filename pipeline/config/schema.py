@@ -196,13 +196,13 @@ class PoolsConfig:
     decode: int = 1  # decode workers (disaggregated only)
     local_prefill_tokens: int = 0  # prompts shorter than this are prefilled on decode; 0: never
     elastic: bool = False  # disaggregated: an idle decode rank claims work units and serves them colocated
-    # pools.elastic: seconds a decode rank was neither full nor sent a hand-off before it claims a unit. 2: a heartbeat
-    # period, in which every prefill worker has seen its room: while they fill it, its room is theirs (and it damps flapping)
-    elastic_idle_s: float = 2.0
-    # pools.elastic: seconds a prefill worker's row waits for a decode rank with room before its own engine serves it.
-    # 2: a heartbeat period; a decode rank frees a row every few seconds on decode-heavy work (rows / ITL x output
-    # tokens), and a row served on a prefill engine slows every prefill there (on a GPU as here)
-    elastic_wait_s: float = 2.0
+    # pools.elastic: seconds a decode rank was neither full nor sent a hand-off before it claims a unit (damps flapping)
+    elastic_idle_s: float = 0.5
+    # pools.elastic: seconds a prefill worker's row waits for a decode rank with room before its own engine serves it;
+    # 0: at once. On the test Slurm a 2 s wait did not pay (2P:2D decode-heavy 212 s, against 192-243 s at 0, the
+    # spread of one configuration there; BENCHMARKS.md); on GPUs, where a row decoded on a prefill engine slows every
+    # prefill there, a few seconds (a heartbeat period, 2) keep rows on the hand-off path while decode ranks free rows
+    elastic_wait_s: float = 0.0
     elastic_decode_rows: int = 0  # pools.elastic: rows a decode rank decodes at once before it counts as full; 0: job.batch_rows
     # pools.elastic: a row whose prompt has more tokens than this per output token (max_new_tokens x n) is served by its
     # prefill worker alone, its decode too short to be worth a KV hand-off; 0: never. 10: one output token costs about
