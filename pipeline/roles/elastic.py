@@ -126,8 +126,7 @@ class ElasticDecode:
 
     def has_room(self) -> bool:
         """Not full now, nor for the last ``pools.elastic_idle_s`` seconds, and no hand-off
-        reached it in that time: while the prefill pool feeds this rank, the room is theirs
-        (a prefill worker that sees it learns of its room within a heartbeat, 2 s)."""
+        reached it in that time: while the prefill pool keeps sending, the room is theirs."""
         last = max(self.full_at, self.handoff_at)
         return not self.is_full() and time.monotonic() - last >= self.cfg.pools.elastic_idle_s
 
