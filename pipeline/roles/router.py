@@ -77,8 +77,7 @@ class DecodeRouter:
         self.dram_capacity: dict[int, int | None] = {}  # rank -> tokens its DRAM tier holds
         # rank -> (rows it decodes, KV tokens they may reach), as its last heartbeat published
         self.published: dict[int, tuple[int, int]] = {}
-        # rank -> (rows, KV tokens) of this worker's hand-offs to it answered since its last
-        # heartbeat was read: still counted in what that heartbeat published (:meth:`load`)
+        # rank -> (rows, KV tokens) of this worker's hand-offs answered since its heartbeat was read (load)
         self.ended: dict[int, tuple[int, int]] = {}
         # rank -> request ids whose DRAM-tier reservation there no hand-off has claimed yet:
         # renewed every quarter of timeout_s (:class:`Renew`) so that the worker keeps them.
@@ -242,11 +241,8 @@ class DecodeRouter:
         return sum(isinstance(k, str) for k in self.inflight.get(rank, {}))
 
     def load(self, rank: int) -> tuple[int, int]:
-        """Rank ``rank``'s load as this worker knows it now: ``(rows, KV tokens)`` it decodes,
-        the larger of what its last heartbeat published (every 2 s), less this worker's
-        hand-offs to it answered since that heartbeat was read, and this worker's hand-offs to it
-        in flight now. Without the correction a rank would look as loaded as it was up to 2 s
-        ago: a row of this worker that just ended there would still count."""
+        """``(rows, KV tokens)`` rank ``rank`` decodes: its last heartbeat's (every 2 s) less this
+        worker's hand-offs answered since it was read, or this worker's hand-offs in flight."""
         pub_rows, pub_kv = self.published.get(rank, (0, 0))
         ended_rows, ended_kv = self.ended.get(rank, (0, 0))
         return (max(pub_rows - ended_rows, self.handoffs(rank)),
@@ -389,8 +385,7 @@ class DecodeRouter:
         finally:
             self._forget(rank, fut, h.row_key, ("received", h.request_id))
             self.inflight_tokens[rank] = self.inflight_tokens.get(rank, 0) - need
-            rows, kv = self.ended.get(rank, (0, 0))
-            self.ended[rank] = (rows + 1, kv + need)
+            self.ended[rank] = tuple(a + b for a, b in zip(self.ended.get(rank, (0, 0)), (1, need)))
 
     def close(self) -> None:
         for (rank, why), n in sorted(self.dropped.items()):
