@@ -1,9 +1,10 @@
-"""``pools.elastic`` (issue #40): roles as preferences. A decode rank that is not full claims work
-units as a prefill worker does and serves their rows colocated in its own engine
-(:class:`ElasticDecode`, a mixin of :class:`pipeline.roles.decode.DecodeServer`, whose ``run``,
-``cfg``, ``worker``, ``engine``, ``capacity``, ``serving`` (hand-offs in flight), ``taking`` and
-``claims`` it uses); a prefill worker serves a row itself, prefill and decode, when every decode
-rank is full for it (:class:`ElasticPrefill`, :func:`decode_full`).
+"""``pools.elastic`` (issue #40): roles as preferences. A decode rank that is not full and no
+longer sent hand-offs (:meth:`ElasticDecode.has_room`) claims work units as a prefill worker
+does and serves their rows colocated in its own engine (:class:`ElasticDecode`, a mixin of
+:class:`pipeline.roles.decode.DecodeServer`, whose ``run``, ``cfg``, ``worker``, ``engine``,
+``capacity``, ``serving`` (hand-offs in flight), ``taking`` and ``claims`` it uses); a prefill
+worker serves a row itself, prefill and decode, when every decode rank has been full for it for
+``pools.elastic_wait_s`` seconds (:class:`ElasticPrefill`, :func:`decode_full`).
 
 Full (:func:`full_rows`): a decode rank decoding ``pools.elastic_decode_rows`` rows (default
 ``job.batch_rows``: more than one colocated worker keeps in flight), or whose KV in flight
