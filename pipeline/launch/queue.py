@@ -20,14 +20,20 @@ class _QueueCheck:
     - a job that wrote a result but is back in the queue (requeued after preemption, a time
       limit or ``scontrol requeue``) has not ended: its next attempt will write the result again.
 
-    ``squeue`` is asked at most every ``every_s`` seconds; ``pending`` holds the listed jobs
+    ``squeue`` is asked at most every ``every_s`` seconds, and every ``soon_s`` seconds while a
+    listed job has just written its result (submitit writes it just before the job exits, so
+    the job is about to leave the queue; asking only every ``every_s`` put every Slurm run's end
+    up to 10 s late, twice: array tasks, then decode ranks). Only for ``soon_for_s`` seconds per
+    result written: a requeued job with its earlier attempt's result on disk is not asked about
+    every second for the hours it may wait or run. ``pending`` holds the listed jobs
     waiting for nodes (a requeued one included), ``held`` those of them Slurm will not start
     until someone releases them, with squeue's reason (``JobHeldUser``, ``JobHeldAdmin``, and
     ``launch failed requeued held``: a requeued job whose start failed on its node).
     """
 
-    def __init__(self, every_s: float = 10.0):
-        self.every_s, self.last = every_s, -1e9
+    def __init__(self, every_s: float = 10.0, soon_s: float = 1.0, soon_for_s: float = 30.0):
+        self.every_s, self.soon_s, self.soon_for_s, self.last = every_s, soon_s, soon_for_s, -1e9
+        self.written: dict[str, tuple[float, float]] = {}  # job id -> (its result's mtime, when first seen)
         self.listed: set[str] = set()
         self.pending: set[str] = set()
         self.held: dict[str, str] = {}
@@ -36,7 +42,8 @@ class _QueueCheck:
 
     def refresh(self, jobs: list) -> None:
         slurm = [j for j in jobs if type(j).__name__ == "SlurmJob"]
-        if not slurm or time.monotonic() - self.last < self.every_s:
+        since = time.monotonic() - self.last
+        if not slurm or (since < self.every_s and (since < self.soon_s or not self._ending(slurm))):
             return
         self.last = time.monotonic()
         try:
@@ -54,6 +61,20 @@ class _QueueCheck:
         absent = {j.job_id for j in slurm if j.job_id not in self.listed}
         self.gone |= absent & self.absent
         self.absent = absent
+
+    def _ending(self, slurm: list) -> bool:
+        """Whether a listed job wrote its result (a result file new since last looked at) less
+        than ``soon_for_s`` seconds ago."""
+        now = time.monotonic()
+        for j in slurm:
+            if j.job_id in self.listed:
+                try:
+                    mtime = j.paths.result_pickle.stat().st_mtime
+                except OSError:
+                    continue
+                if self.written.get(j.job_id, (None,))[0] != mtime:
+                    self.written[j.job_id] = (mtime, now)
+        return any(now - seen < self.soon_for_s for i, (_, seen) in self.written.items() if i in self.listed)
 
     def ended(self, job) -> bool:
         if type(job).__name__ != "SlurmJob":

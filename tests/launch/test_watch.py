@@ -114,3 +114,61 @@ def test_a_job_slurm_holds_is_named_with_how_to_release_it(slurm_cluster, tmp_pa
         assert f"job {job_id} (array task 0) was released" in capsys.readouterr().err
     finally:
         subprocess.run(["scancel", job_id])
+
+
+def test_a_job_that_wrote_its_result_is_seen_ended_within_seconds_not_at_the_next_10_s_ask(slurm_cluster, tmp_path):
+    """Real jobs on the test Slurm. One writes its result (as submitit does just before it exits)
+    and ends a second later: the launcher's queue view, asking ``squeue`` every 10 s, sees it
+    ended within ``soon_s`` + 1 s of the moment this test's own ``squeue`` calls (every 0.2 s)
+    stop listing it, not up to 10 s later. Another runs on with a result already on disk (a
+    requeued job's earlier attempt): asked about every ``soon_s`` for ``soon_for_s`` only."""
+    import subprocess
+
+    import submitit
+
+    from pipeline.launch.queue import _QueueCheck
+
+    def sbatch(script: str) -> submitit.SlurmJob:
+        out = subprocess.run(["sbatch", "--parsable", "-p", "debug", f"--output={tmp_path}/%j.out", "--wrap", script],
+                             capture_output=True, text=True, check=True).stdout
+        return submitit.SlurmJob(tmp_path, out.strip().split(";")[0])
+
+    def listed(job_id: str) -> bool:
+        return subprocess.run(["squeue", "-h", "-j", job_id], capture_output=True, text=True).stdout.strip() != ""
+
+    ending = sbatch(f"sleep 3; touch {tmp_path}/${{SLURM_JOB_ID}}_0_result.pkl; sleep 1")
+    running = sbatch("sleep 60")
+    queue = _QueueCheck(every_s=10.0, soon_s=1.0, soon_for_s=3.0)
+    try:
+        deadline, left_at, seen_at = time.monotonic() + 60, None, None
+        while seen_at is None and time.monotonic() < deadline:
+            queue.refresh([ending])
+            if queue.ended(ending):
+                seen_at = time.monotonic()
+            if left_at is None and not listed(ending.job_id):
+                left_at = time.monotonic()
+            time.sleep(0.2)
+        assert seen_at is not None and left_at is not None, (seen_at, left_at)
+        assert seen_at - left_at <= queue.soon_s + 1.0, seen_at - left_at
+        # The running job, listed, its result already there: asked about every second for
+        # soon_for_s (3 s), then every 10 s again.
+        while not listed(running.job_id) or "RUNNING" not in subprocess.run(
+                ["squeue", "-h", "-o", "%T", "-j", running.job_id], capture_output=True, text=True).stdout:
+            assert time.monotonic() < deadline
+            time.sleep(0.2)
+        queue = _QueueCheck(every_s=10.0, soon_s=1.0, soon_for_s=3.0)
+        queue.refresh([running])  # first ask: listed, running
+        running.paths.result_pickle.parent.mkdir(parents=True, exist_ok=True)
+        running.paths.result_pickle.touch()
+        asks, start = [], time.monotonic()
+        while time.monotonic() - start < 8:
+            before = queue.last
+            queue.refresh([running])
+            if queue.last != before:
+                asks.append(queue.last - start)
+            time.sleep(0.1)
+        assert not queue.ended(running)
+        # 1 s apart while the 3 s window lasts (seen at the first poll), then none until 10 s.
+        assert 2 <= len(asks) <= 4 and asks[-1] < 5, asks
+    finally:
+        subprocess.run(["scancel", ending.job_id, running.job_id])
