@@ -189,24 +189,40 @@ class ElasticPrefill:
     :func:`pipeline.roles.colocated.colocated_serve`; the row's ``decode_worker`` is null). At
     most ``job.batch_rows`` rows of each kind at once; a row finding its kind's limit reached,
     or the decode pool full for less than ``elastic_wait_s``, waits (re-deciding every 0.5 s or
-    when a row of this worker ends), and the worker claims no further unit meanwhile
-    (:meth:`room`). A row whose hand-off failed with no decode rank left alive is served here."""
+    when a row of this worker ends); the worker claims its next unit only when a row of it
+    could start at once (:meth:`room`). A row whose hand-off failed with no decode rank left alive is served here."""
 
     def __init__(self, cfg: Config, handoff: PrefillHandoff, local: ServeRow):
         self.cfg, self.handoff, self.local = cfg, handoff, local
         handoff.no_retry_without_decode = True  # a row whose decode rank was lost, none left: served here
         self.limit, self.rows_full = cfg.job.batch_rows, full_rows(cfg)
         self.handing_off = self.serving_here = self.waiting = 0
+        self.last_need, self.last_here = 0, False  # the last row's KV tokens; mostly prefill
         self.freed = asyncio.Event()
 
     async def room(self) -> bool:
-        """Wait until no row of this worker waits for either kind (then True): the worker's
-        ``keep_claiming``, so that it claims its next unit only when it can start its rows,
-        leaving the units it could not start to decode ranks with room."""
+        """Wait until a row of a next unit could start at once (:meth:`can_start`; then True):
+        the worker's ``keep_claiming``, so that it claims its next unit only when it can start
+        its rows, leaving the units it could not start to a worker or decode rank with room. (The
+        worker's row places, 2 x ``job.batch_rows``, freed by the last unit's rows starting are
+        not enough: a unit claimed with every place of both kinds taken waited 18 s on a busy
+        worker while another idled, measured on the test Slurm.)"""
         await asyncio.sleep(0.05)  # the rows just started reach their choice first
-        while self.waiting:
+        while not self.can_start():
             await asyncio.sleep(0.1)
         return True
+
+    def can_start(self) -> bool:
+        """Whether no row of this worker waits and a new row (of the last row's KV need) would
+        start now: a hand-off place free while a decode rank has room for it, or a place on this
+        worker's engine while every rank is full (or for a row mostly prefill, the last one)."""
+        if self.waiting:
+            return False
+        router = self.handoff.router
+        pending = max(0, self.handing_off - handoffs_in_flight(router))
+        if self.last_here or decode_full(router, self.last_need, self.rows_full, pending):
+            return self.serving_here < self.limit
+        return self.handing_off < self.limit
 
     def here(self, p: Prompt, need: int, full_since: float | None) -> tuple[bool, float | None]:
         """Whether row ``p`` (``need`` KV tokens) is for this worker's engine now, and since when
@@ -225,6 +241,7 @@ class ElasticPrefill:
         """The row's generation (or error row); raises what
         :meth:`PrefillHandoff.serve` raises."""
         need, full_since = row_kv_tokens(self.cfg, p), None
+        self.last_need, self.last_here = need, mostly_prefill(self.cfg, p)
         while True:
             here, full_since = self.here(p, need, full_since)
             if here and self.serving_here < self.limit:

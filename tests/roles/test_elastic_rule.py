@@ -109,6 +109,68 @@ def test_a_row_waits_for_a_full_decode_pool_before_its_prefill_worker_serves_it(
     asyncio.run(go())
 
 
+def test_a_prefill_worker_claims_its_next_unit_only_when_a_row_of_it_could_start(tmp_path):
+    """ElasticPrefill.room, the worker's keep_claiming: a row places free in all (the worker's 2 x
+    batch_rows) is not enough; the new unit's rows must be able to start at once, by the rule
+    they will meet (handed off while a decode rank has room, here while every rank is full), else
+    the unit waits for a worker or a decode rank that can start it. Measured on the test Slurm
+    before: a unit claimed with every hand-off and local place taken waited 18 s while another
+    worker idled. Real run directory and router; expected answers by hand in the comments."""
+    from types import SimpleNamespace
+
+    from pipeline.config import compose
+    from pipeline.roles.elastic import ElasticPrefill
+
+    cfg = compose(["+job=summarize", "pools=disaggregated", "pools.elastic=true", "pools.elastic_wait_s=0",
+                   "pools.elastic_decode_rows=8", "job.batch_rows=4", "job.sampling.max_new_tokens=64"])
+    run = RunDir(tmp_path)
+    run.publish_decode(0, "tcp://127.0.0.1:21000", "decode-0@x", 8192, decoding=1, kv_tokens_inflight=100)
+
+    async def go():
+        r = DecodeRouter(run, timeout_s=5, dead_after_s=30, secret=b"k" * 32)
+        try:
+            e = ElasticPrefill(cfg, SimpleNamespace(router=r), local=None)
+            e.last_need = 164
+
+            def handing_off(n: int) -> None:  # n rows handed off, each in flight at rank 0
+                e.handing_off, r.inflight = n, {0: {f"row-{i}": None for i in range(n)}}
+
+            # 4 hand-offs in flight (every hand-off place, batch_rows 4); rank 0 decodes
+            # max(1 published, 4 in flight) = 4 < 8 rows: room, so a new row would be handed off
+            # and wait for a place: no claim, though no row is served here (4 local places).
+            handing_off(4)
+            assert not e.can_start()
+            handing_off(3)  # a hand-off place free, the rank has room
+            assert e.can_start()
+            # The rank full (8 rows): a new row is served here, while a local place is free.
+            run.publish_decode(0, "tcp://127.0.0.1:21000", "decode-0@x", 8192, decoding=8, kv_tokens_inflight=900)
+            r._refresh()
+            e.serving_here = 4
+            assert not e.can_start()
+            e.serving_here = 3
+            assert e.can_start()
+            e.waiting = 1  # a row of this worker already waits: its unit first
+            assert not e.can_start()
+            e.waiting = 0
+            # Room at the rank again, hand-off places full: the last row mostly prefill means
+            # the next is likely served here too, so the local place counts.
+            run.publish_decode(0, "tcp://127.0.0.1:21000", "decode-0@x", 8192, decoding=1, kv_tokens_inflight=100)
+            r._refresh()
+            handing_off(4)
+            e.last_here = True
+            assert e.can_start()
+            e.last_here = False
+            # room() waits while no row could start and returns once one could.
+            waiter = asyncio.create_task(e.room())
+            await asyncio.sleep(0.4)
+            assert not waiter.done()
+            handing_off(3)
+            await asyncio.wait_for(waiter, 0.5)
+        finally:
+            r.close()
+    asyncio.run(go())
+
+
 def test_a_decode_rank_claims_units_only_while_no_hand_off_reaches_it():
     """pools.elastic_idle_s: a decode rank claims a unit only after that long neither full nor
     sent a hand-off: while the prefill pool feeds it, its room is theirs."""
