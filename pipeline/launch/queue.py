@@ -33,6 +33,7 @@ class _QueueCheck:
 
     def __init__(self, every_s: float = 10.0, soon_s: float = 1.0, soon_for_s: float = 30.0):
         self.every_s, self.soon_s, self.soon_for_s, self.last = every_s, soon_s, soon_for_s, -1e9
+        self.looked = -1e9  # when the result files were last looked at
         self.written: dict[str, tuple[float, float]] = {}  # job id -> (its result's mtime, when first seen)
         self.listed: set[str] = set()
         self.pending: set[str] = set()
@@ -63,17 +64,20 @@ class _QueueCheck:
         self.absent = absent
 
     def _ending(self, slurm: list) -> bool:
-        """Whether a listed job wrote its result (a result file new since last looked at) less
-        than ``soon_for_s`` seconds ago."""
+        """Whether a listed job wrote its result (a result file new since last looked at, looked
+        at once every ``soon_s`` at most: a large array on a shared file system) less than
+        ``soon_for_s`` seconds ago."""
         now = time.monotonic()
-        for j in slurm:
-            if j.job_id in self.listed:
-                try:
-                    mtime = j.paths.result_pickle.stat().st_mtime
-                except OSError:
-                    continue
-                if self.written.get(j.job_id, (None,))[0] != mtime:
-                    self.written[j.job_id] = (mtime, now)
+        if now - self.looked >= self.soon_s:
+            self.looked = now
+            for j in slurm:
+                if j.job_id in self.listed:
+                    try:
+                        mtime = j.paths.result_pickle.stat().st_mtime
+                    except OSError:
+                        continue
+                    if self.written.get(j.job_id, (None,))[0] != mtime:
+                        self.written[j.job_id] = (mtime, now)
         return any(now - seen < self.soon_for_s for i, (_, seen) in self.written.items() if i in self.listed)
 
     def ended(self, job) -> bool:

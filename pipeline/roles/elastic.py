@@ -190,7 +190,8 @@ class ElasticPrefill:
     most ``job.batch_rows`` rows of each kind at once; a row finding its kind's limit reached,
     or the decode pool full for less than ``elastic_wait_s``, waits (re-deciding every 0.5 s or
     when a row of this worker ends); the worker claims its next unit only when a row of it
-    could start at once (:meth:`room`). A row whose hand-off failed with no decode rank left alive is served here."""
+    could start at once (:meth:`room`). A row whose hand-off failed with no decode rank left
+    alive is served here."""
 
     def __init__(self, cfg: Config, handoff: PrefillHandoff, local: ServeRow):
         self.cfg, self.handoff, self.local = cfg, handoff, local
@@ -218,11 +219,13 @@ class ElasticPrefill:
         worker's engine while every rank is full (or for a row mostly prefill, the last one)."""
         if self.waiting:
             return False
-        router = self.handoff.router
-        pending = max(0, self.handing_off - handoffs_in_flight(router))
-        if self.last_here or decode_full(router, self.last_need, self.rows_full, pending):
+        if self.last_here or decode_full(self.handoff.router, self.last_need, self.rows_full, self._pending()):
             return self.serving_here < self.limit
         return self.handing_off < self.limit
+
+    def _pending(self) -> int:
+        """This worker's rows bound for a hand-off still in prefill (:func:`decode_full`)."""
+        return max(0, self.handing_off - handoffs_in_flight(self.handoff.router))
 
     def here(self, p: Prompt, need: int, full_since: float | None) -> tuple[bool, float | None]:
         """Whether row ``p`` (``need`` KV tokens) is for this worker's engine now, and since when
@@ -230,8 +233,7 @@ class ElasticPrefill:
         if mostly_prefill(self.cfg, p):
             return True, None
         router = self.handoff.router
-        pending = max(0, self.handing_off - handoffs_in_flight(router))  # still in prefill
-        if not decode_full(router, need, self.rows_full, pending):
+        if not decode_full(router, need, self.rows_full, self._pending()):
             return False, None
         full_since = full_since or time.monotonic()
         lost = not router.reachable()

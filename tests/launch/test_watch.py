@@ -1,6 +1,7 @@
 """The launcher's view of its jobs (pipeline.launch.watch), without engines: which decode ranks
 still serve, and which were lost, from the endpoint files the ranks write; killed array tasks
-started again (real submitit jobs); jobs Slurm holds (a real job on the test Slurm)."""
+started again (real submitit jobs); jobs Slurm holds, and jobs that just ended (real jobs on the
+test Slurm)."""
 
 from __future__ import annotations
 
@@ -116,6 +117,7 @@ def test_a_job_slurm_holds_is_named_with_how_to_release_it(slurm_cluster, tmp_pa
         subprocess.run(["scancel", job_id])
 
 
+@pytest.mark.slurm
 def test_a_job_that_wrote_its_result_is_seen_ended_within_seconds_not_at_the_next_10_s_ask(slurm_cluster, tmp_path):
     """Real jobs on the test Slurm. One writes its result (as submitit does just before it exits)
     and ends a second later: the launcher's queue view, asking ``squeue`` every 10 s, sees it
