@@ -25,10 +25,14 @@ if str(ROOT) not in sys.path:
 from pipeline.io.metrics import read_request_metrics  # noqa: E402
 
 
-def engine_ends(rows: list[dict]) -> dict[str, dict]:
+def first_read(rows: list[dict]) -> float:
+    """When the run's first row was read (epoch seconds): the time every figure is counted from."""
+    return min(r["read_at"] for r in rows if r["read_at"])
+
+
+def engine_ends(rows: list[dict], t0: float) -> dict[str, dict]:
     """Engine (worker name without host) -> ``alone``, ``in``, ``out`` (rows), ``first_prefill``
-    and ``last_token`` (seconds from the first row read)."""
-    t0 = min(r["read_at"] for r in rows if r["read_at"])
+    and ``last_token`` (seconds from ``t0``)."""
     out: dict[str, dict] = defaultdict(lambda: {"alone": 0, "in": 0, "out": 0, "first_prefill": None,
                                                 "last_token": None})
     for r in rows:
@@ -43,8 +47,8 @@ def engine_ends(rows: list[dict]) -> dict[str, dict]:
             last = r["token_times"][-1] - t0
             decoded_by["last_token"] = max(decoded_by["last_token"] or 0.0, last)
         if r["prefill_start"]:
-            first = r["prefill_start"] - t0
-            out[p]["first_prefill"] = min(out[p]["first_prefill"] if out[p]["first_prefill"] is not None else first, first)
+            first, seen = r["prefill_start"] - t0, out[p]["first_prefill"]
+            out[p]["first_prefill"] = first if seen is None else min(seen, first)
     return dict(out)
 
 
@@ -62,7 +66,8 @@ def main() -> None:
         if not rows:
             print(f"{run_dir}: no request metrics")
             continue
-        ends = engine_ends(rows)
+        t0 = first_read(rows)
+        ends = engine_ends(rows, t0)
         end = max(e["last_token"] or 0.0 for e in ends.values())
         print(f"{run_dir.name}: last token at {end:.1f} s")
         print("| engine | alone | in | out | first prefill s | last token s | idle at the end s |")
@@ -72,7 +77,6 @@ def main() -> None:
             print(f"| {name} | {e['alone']} | {e['in']} | {e['out']} | {_s(e['first_prefill'])} | "
                   f"{_s(e['last_token'])} | {_s(idle)} |")
         if args.rows:
-            t0 = min(r["read_at"] for r in rows if r["read_at"])
             for r in sorted(rows, key=lambda r: (r["prefill_start"] or 0, r["key"])):
                 tt = r["token_times"] or []
                 rel = [None if v is None else v - t0 for v in (r["read_at"], r["prefill_start"], r["decode_arrived_at"])]

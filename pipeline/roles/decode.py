@@ -1,9 +1,9 @@
 """Decode worker: accepts hand-offs over the control channel, lets vLLM take each request's KV
 over NIXL (``do_remote_prefill``), runs continuous batching across all live requests, and
 answers each hand-off with its generation. With ``pools.elastic`` it also claims work units
-while it is neither full nor sent hand-offs and serves them colocated in its engine (:meth:`DecodeServer.take_units`).
-Exits when nothing is in flight and either every shard is done or failed, or the launcher asked
-it to stop."""
+while it is neither full nor sent hand-offs and serves them colocated in its engine
+(:meth:`DecodeServer.take_units`). Exits when nothing is in flight and either every shard is
+done or failed, or the launcher asked it to stop."""
 
 from __future__ import annotations
 
