@@ -3,7 +3,7 @@
 # Must run as root.  Idempotent: if the cluster is already up and healthy with the same
 # number of nodes it does nothing; if it is half up or shaped otherwise, it is restarted.
 #
-#   bash slurm/start-test-cluster.sh [--nodes N]
+#   bash slurm/start-test-cluster.sh [--nodes N] [--node-cpus F]
 #
 # --nodes 1 (default): one node, this host itself (NodeAddr 127.0.0.1), as it always was.
 # --nodes N (N >= 2): N simulated nodes pd-node1 ... pd-nodeN, each a network namespace of the
@@ -20,6 +20,10 @@
 #   PriorityTier 1, PreemptMode=REQUEUE under PreemptType=preempt/partition_prio) and decode
 #   (the second half, PriorityTier 2, never preempted). slurm/netfault.sh shapes and breaks
 #   the links and nodes; slurm/stop-test-cluster.sh removes all of it.
+# --node-cpus F (with --nodes N >= 2): each node's processes capped at F cores in all (a CPU cgroup
+#   per node, testnet.sh's node_cgroup_enter), as a real node's compute is its own: without it the
+#   nodes share this machine's cores and an idle node's share goes to the busy ones (the elastic
+#   pools' benchmark, BENCHMARKS.md, needs the cap). Default: no cap.
 #
 #   PD_SLURM_STATE   state/spool/log dir (default /var/tmp/pd-slurm)
 set -euo pipefail
@@ -29,15 +33,23 @@ HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 CONF=/etc/slurm/slurm.conf   # where Debian's slurm looks by default
 TIMEOUT=60
 NODES=1
+NODE_CPUS=
 while [ $# -gt 0 ]; do
     case $1 in
         --nodes) NODES=${2:?--nodes needs a number}; shift 2 ;;
         --nodes=*) NODES=${1#--nodes=}; shift ;;
-        *) echo "start-test-cluster: unknown argument $1 (usage: start-test-cluster.sh [--nodes N])" >&2; exit 2 ;;
+        --node-cpus) NODE_CPUS=${2:?--node-cpus needs a number}; shift 2 ;;
+        --node-cpus=*) NODE_CPUS=${1#--node-cpus=}; shift ;;
+        *) echo "start-test-cluster: unknown argument $1 (usage: start-test-cluster.sh [--nodes N] [--node-cpus F])" >&2; exit 2 ;;
     esac
 done
 [[ "$NODES" =~ ^[1-9][0-9]?$ ]] && [ "$NODES" -le 64 ] \
     || { echo "start-test-cluster: --nodes must be 1..64, not '$NODES'" >&2; exit 2; }
+if [ -n "$NODE_CPUS" ]; then
+    [[ "$NODE_CPUS" =~ ^[0-9]*\.?[0-9]+$ ]] && awk -v c="$NODE_CPUS" 'BEGIN {exit !(c >= 0.01)}' \
+        || { echo "start-test-cluster: --node-cpus must be a number of cores >= 0.01, not '$NODE_CPUS'" >&2; exit 2; }
+    [ "$NODES" -ge 2 ] || { echo "start-test-cluster: --node-cpus needs --nodes 2 or more" >&2; exit 2; }
+fi
 
 [ "$(id -u)" = 0 ] || { echo "start-test-cluster: must run as root" >&2; exit 1; }
 # shellcheck source=slurm/testnet.sh
@@ -67,6 +79,7 @@ start_daemon() {
 # for SlurmdTimeout.)
 healthy() {
     [ "$(cat "$STATE/nodes" 2>/dev/null)" = "$NODES" ] || return 1
+    [ "$(cat "$STATE/node-cpus" 2>/dev/null)" = "$NODE_CPUS" ] || return 1
     alive "$STATE/slurmctld.pid" || return 1
     munge -n 2>/dev/null | unmunge >/dev/null 2>&1 || return 1
     local node st
@@ -125,7 +138,7 @@ start_daemon munged runuser -u munge -- munged --force
 
 # --- slurm.conf -------------------------------------------------------------
 mkdir -p "$STATE/ctld" "$STATE/spool" /etc/slurm
-rm -f "$STATE/nodes"
+rm -f "$STATE/nodes" "$STATE/node-cpus"
 CPUS=$(nproc)
 # slurmd drains a node whose configured RealMemory exceeds what it finds, so
 # stay below the currently available memory; keep at least 256 MB.
@@ -203,6 +216,7 @@ if [ "$NODES" = 1 ]; then
     start_daemon slurmd slurmd -N "$NODE_NAMES"   # explicit: hostname may be an FQDN
 else
     for node in $NODE_NAMES; do make_node "$node" "$NODES"; mkdir -p "$STATE/spool/$node"; done
+    [ -z "$NODE_CPUS" ] || echo "$NODE_CPUS" > "$STATE/node-cpus"   # read by start_slurmd
     # slurmctld and every slurmd cold-start together (Slurm's multi-node emulation recipe).
     start_daemon slurmctld slurmctld
     for node in $NODE_NAMES; do start_slurmd "$node"; done

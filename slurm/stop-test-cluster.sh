@@ -2,7 +2,7 @@
 # Stop the test cluster started by start-test-cluster.sh, single- or multi-node: cancel all
 # jobs, stop every slurmd, slurmctld and munged, and remove the simulated nodes (every process
 # in their namespaces, the namespaces, their links, the bridge, their /etc/netns files; the
-# qdiscs go with the links). Errors are ignored: it is idempotent and safe after any crash.
+# qdiscs go with the links, their CPU cgroups under --node-cpus). Errors are ignored: it is idempotent and safe after any crash.
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 # shellcheck source=slurm/testnet.sh
 . "$HERE/testnet.sh"
@@ -35,5 +35,6 @@ for veth in $(ip -o link show 2>/dev/null | awk -F': ' '{sub(/@.*/, "", $2); pri
 done
 ip link del "$BRIDGE" 2>/dev/null
 rm -rf /etc/netns/pd-node[0-9]*
-rm -f "$STATE/nodes"
+node_cgroups_remove
+rm -f "$STATE/nodes" "$STATE/node-cpus"
 exit 0

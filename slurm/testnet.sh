@@ -106,7 +106,47 @@ node_core() {
     k=$(node_index "$1")
     echo "${cores[$(( (k - 1) % ${#cores[@]} ))]}"
 }
-start_slurmd() { run_detached "$STATE/slurmd-$1.out" in_node "$1" taskset -c "$(node_core "$1")" slurmd -N "$1"; }
+start_slurmd() {
+    local enter
+    enter=$(node_cgroup_enter "$1") || return 1
+    run_detached "$STATE/slurmd-$1.out" in_node "$1" sh -c "$enter"'exec "$@"' sh \
+        taskset -c "$(node_core "$1")" slurmd -N "$1"
+}
+
+# A node's own compute (start-test-cluster.sh --node-cpus F, kept in $STATE/node-cpus): node $1's
+# slurmd, and so every job it starts, in a CPU cgroup of its own capped at F cores (a CFS quota:
+# cgroup v1's cpu.cfs_quota_us, or v2's cpu.max). Without it the simulated nodes share this
+# machine's cores, and a node whose engine idles gives its CPU to the busy engines of the others,
+# which a real node's accelerator never does. node_cgroup_enter prints the shell command that
+# moves the calling shell into node $1's cgroup (nothing without a cap); node_cgroups_remove
+# removes them all.
+CPU_V1=/sys/fs/cgroup/cpu
+node_cgroup_dir() {
+    if [ -f "$CPU_V1/cpu.cfs_quota_us" ]; then echo "$CPU_V1/$1"
+    elif [ -f /sys/fs/cgroup/cgroup.controllers ]; then echo "/sys/fs/cgroup/$1"
+    else return 1; fi
+}
+node_cgroup_enter() {
+    local cpus dir quota
+    cpus=$(cat "$STATE/node-cpus" 2>/dev/null) || return 0
+    dir=$(node_cgroup_dir "$1") || { echo "testnet: no cgroup cpu controller here for --node-cpus" >&2; return 1; }
+    quota=$(awk -v c="$cpus" 'BEGIN {print int(c * 100000)}')
+    mkdir -p "$dir"
+    if [ -f "$dir/cpu.cfs_quota_us" ]; then
+        echo 100000 > "$dir/cpu.cfs_period_us"; echo "$quota" > "$dir/cpu.cfs_quota_us"
+    else
+        grep -qw cpu /sys/fs/cgroup/cgroup.subtree_control || echo +cpu > /sys/fs/cgroup/cgroup.subtree_control
+        echo "$quota 100000" > "$dir/cpu.max"
+    fi
+    echo "echo \$\$ > $dir/cgroup.procs && "
+}
+node_cgroups_remove() {
+    local d
+    for d in "$CPU_V1"/pd-node[0-9]* /sys/fs/cgroup/pd-node[0-9]*; do
+        [ -d "$d" ] && rmdir "$d" 2>/dev/null
+    done
+    return 0
+}
 
 # Kill every process inside node $1's namespace with SIGKILL (as on power loss).
 kill_node_processes() {

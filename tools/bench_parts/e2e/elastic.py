@@ -15,6 +15,7 @@ length, ``job.sampling.ignore_eos=true``, except in ``mixed``):
 
 from __future__ import annotations
 
+import os
 import random
 import statistics
 from pathlib import Path
@@ -163,8 +164,22 @@ def table_elastic_slurm(results: dict[str, list[dict]]) -> tuple[str, dict]:
                          len(rs)])
             if k == "e":
                 facts[f"{wl}-{label.split()[1]}"] = {"elastic_over_best": ratio, "best": best[1]}
-    text = md_table(["workload", "pools", "makespan s (median)", "first read to last token s",
+    cap = slurm_node_cpus()
+    facts["node_cpus"] = cap
+    note = (f"Each test node capped at {cap:g} cores (`start-test-cluster.sh --node-cpus {cap:g}`).\n\n" if cap else
+            "Test nodes not capped: they share the machine's cores, an idle node's share going to the busy ones "
+            "(`start-test-cluster.sh --node-cpus F` caps them).\n\n")
+    text = note + md_table(["workload", "pools", "makespan s (median)", "first read to last token s",
                      "/ best of static splits, colocated", "busy: prefill (colocated: workers) / decode",
                      "decode ITL p99 ms", "rows handed off / decode alone / prefill alone (repeat 1)", "repeats"],
                     rows, "llrrrrrrr")
     return text, facts
+
+
+def slurm_node_cpus() -> float | None:
+    """The test Slurm's cap on each node's CPU (cores; ``slurm/start-test-cluster.sh --node-cpus``,
+    kept in ``$PD_SLURM_STATE/node-cpus``), or None when its nodes share the machine's cores."""
+    try:
+        return float((Path(os.environ.get("PD_SLURM_STATE", "/var/tmp/pd-slurm")) / "node-cpus").read_text())
+    except (OSError, ValueError):
+        return None
