@@ -201,3 +201,45 @@ def test_a_decode_rank_claims_units_only_while_no_hand_off_reaches_it():
         assert d.is_full() and not d.has_room()
         await task
     asyncio.run(go())
+
+
+def test_a_row_for_a_busy_prefill_worker_goes_to_a_rank_with_kv_room_rather_than_wait(tmp_path):
+    """ElasticPrefill.overflows: a row for the prefill worker's own engine (every decode rank full
+    by rows) that finds every place there taken is handed off all the same while a rank's KV
+    cache has room for it; it waits only when the KV caches are full too, and a row mostly
+    prefill never overflows. Measured before (test Slurm, nodes capped at 0.5 cores): 4 rows
+    waited 28 s on busy workers and made the run's last wave. Real run directory and router;
+    expected answers by hand in the comments."""
+    from types import SimpleNamespace
+
+    from pipeline.config import compose
+    from pipeline.io.prompts import Prompt
+    from pipeline.roles.elastic import ElasticPrefill
+
+    cfg = compose(["+job=summarize", "pools=disaggregated", "pools.elastic=true", "pools.elastic_wait_s=0",
+                   "pools.elastic_decode_rows=4", "job.batch_rows=4", "job.sampling.max_new_tokens=64"])
+    run = RunDir(tmp_path)
+    # Rank 0: full by rows (4 >= 4), 1,000 of its 8,192 KV tokens taken.
+    run.publish_decode(0, "tcp://127.0.0.1:21000", "decode-0@x", 8192, decoding=4, kv_tokens_inflight=1000)
+    row = Prompt(row=0, row_key="r", token_ids=list(range(100)))  # 100 + 64 = 164 KV tokens
+    long_row = Prompt(row=1, row_key="s", token_ids=list(range(700)))  # 700 > 10 x 64: mostly prefill
+
+    async def go():
+        r = DecodeRouter(run, timeout_s=5, dead_after_s=30, secret=b"k" * 32)
+        try:
+            e = ElasticPrefill(cfg, SimpleNamespace(router=r), local=None)
+            assert e.here(row, 164, None)[0]  # every rank full by rows: for this engine
+            e.serving_here = 3
+            assert not e.overflows(row, 164)  # a place here is free: served here
+            e.serving_here = 4
+            assert e.overflows(row, 164)  # no place here; 1,000 + 164 <= 8,192: handed off
+            assert not e.overflows(long_row, 764)  # mostly prefill: waits for a place here
+            # KV full too: 8,100 + 164 > 8,192, so the row waits for a place.
+            run.publish_decode(0, "tcp://127.0.0.1:21000", "decode-0@x", 8192, decoding=4, kv_tokens_inflight=8100)
+            r._refresh()
+            assert not e.overflows(row, 164)
+            r.live.clear()  # no rank alive: nothing to hand off to
+            assert not e.overflows(row, 164)
+        finally:
+            r.close()
+    asyncio.run(go())
