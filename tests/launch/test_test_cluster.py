@@ -206,3 +206,44 @@ def test_a_node_whose_name_resolves_to_loopback_advertises_its_link(slurm_cluste
         assert "set transport.interface" in p.stderr and "eth0 198.18.0.1" in p.stderr and "pdx0 198.19.0.1" in p.stderr
     finally:
         subprocess.run(["ip", "-n", "pd-node1", "link", "del", "pdx0"], capture_output=True)
+
+
+BUSY = ("import time\nt0, c0 = time.monotonic(), time.process_time()\n"
+        "while time.monotonic() - t0 < 3:\n    pass\n"
+        "print((time.process_time() - c0) / (time.monotonic() - t0))")
+
+
+def _cpu_share(node: str) -> float:
+    """CPU seconds per second of wall time that one busy thread got in a 3 s job on ``node``
+    (its own process CPU time, counted by the kernel, not by the cap's cgroup)."""
+    p = subprocess.run(["srun", "-w", node, "-t", "1", sys.executable, "-c", BUSY],
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    return float(p.stdout.split()[-1])
+
+
+def test_node_cpus_caps_each_nodes_processes_and_goes_with_the_cluster(slurm_cluster):
+    """start-test-cluster.sh --node-cpus 0.5: each node's slurmd, and so every job it starts,
+    runs in a CPU cgroup of its own capped at half a core: one busy thread in a job gets at most
+    ~0.5 CPU seconds per second, where uncapped it gets its core (nothing else runs on it during
+    the suite). The stop script removes the cgroups. The cluster is left up uncapped, as the
+    suite's other Slurm tests expect."""
+    def start(*extra: str) -> None:
+        p = subprocess.run(["bash", str(START), "--nodes", str(SLURM_NODES), *extra], capture_output=True, text=True,
+                           timeout=600)
+        assert p.returncode == 0, p.stdout + p.stderr
+
+    try:
+        start("--node-cpus", "0.5")
+        assert (STATE / "node-cpus").read_text().strip() == "0.5"
+        pid = int((STATE / "slurmd-pd-node2.pid").read_text().split()[0])
+        assert "/pd-node2" in Path(f"/proc/{pid}/cgroup").read_text()
+        capped = _cpu_share("pd-node2")
+        assert 0.3 < capped < 0.6, capped
+    finally:
+        start()  # not healthy for an uncapped start: stopped (cgroups removed), started uncapped
+    assert not (STATE / "node-cpus").exists()
+    assert not list(Path("/sys/fs/cgroup/cpu").glob("pd-node*")) + list(Path("/sys/fs/cgroup").glob("pd-node*"))
+    assert _cpu_share("pd-node2") > 0.8
+    bad = subprocess.run(["bash", str(START), "--nodes", "1", "--node-cpus", "0.5"], capture_output=True, text=True)
+    assert bad.returncode == 2 and "--node-cpus needs --nodes 2" in bad.stderr
