@@ -40,7 +40,8 @@ while [ $# -gt 0 ]; do
         --nodes=*) NODES=${1#--nodes=}; shift ;;
         --node-cpus) NODE_CPUS=${2:?--node-cpus needs a number}; shift 2 ;;
         --node-cpus=*) NODE_CPUS=${1#--node-cpus=}; shift ;;
-        *) echo "start-test-cluster: unknown argument $1 (usage: start-test-cluster.sh [--nodes N] [--node-cpus F])" >&2; exit 2 ;;
+        *) echo "start-test-cluster: unknown argument $1 (usage: start-test-cluster.sh [--nodes N]" \
+                "[--node-cpus F])" >&2; exit 2 ;;
     esac
 done
 [[ "$NODES" =~ ^[1-9][0-9]?$ ]] && [ "$NODES" -le 64 ] \

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Stop the test cluster started by start-test-cluster.sh, single- or multi-node: cancel all
 # jobs, stop every slurmd, slurmctld and munged, and remove the simulated nodes (every process
-# in their namespaces, the namespaces, their links, the bridge, their /etc/netns files; the
-# qdiscs go with the links, their CPU cgroups under --node-cpus). Errors are ignored: it is idempotent and safe after any crash.
+# in their namespaces, the namespaces, their links, the bridge, their /etc/netns files and,
+# under --node-cpus, their CPU cgroups; the qdiscs go with the links). Errors are ignored: it is
+# idempotent and safe after any crash.
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 # shellcheck source=slurm/testnet.sh
 . "$HERE/testnet.sh"
