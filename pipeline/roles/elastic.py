@@ -109,12 +109,25 @@ class ElasticDecode:
         return {"serving": len(serving), "decoding": len(serving) + self.own_rows,
                 "kv_tokens_inflight": sum(handoff_kv.values()) + self.own_kv}
 
+    def load_changed(self) -> None:
+        """Publish the load soon (:meth:`Heartbeat.poke`), not at the next 2 s beat: a prefill
+        worker reading a load up to 2 s old sent its rows to ranks that had just claimed a unit
+        each and read as empty (test Slurm, decode-heavy 1P:3D: every rank then decoded 5-6 rows
+        while the prefill worker's own engine ended 18-22 s before them)."""
+        self.beating.poke()
+
     def count_handoff(self, request_id: str, kv_tokens: int, task: asyncio.Task) -> None:
         """Hand-off ``request_id`` may reach ``kv_tokens`` KV tokens until ``task`` ends."""
         self.handoff_kv[request_id] = kv_tokens
         self.handoff_at = time.monotonic()
-        task.add_done_callback(lambda _: self.handoff_kv.pop(request_id, None))
+
+        def ended(_: asyncio.Task) -> None:
+            self.handoff_kv.pop(request_id, None)
+            self.load_changed()
+
+        task.add_done_callback(ended)
         self.is_full()
+        self.load_changed()
 
     def is_full(self) -> bool:
         """Whether this rank decodes :func:`full_rows` rows or more, or its KV in flight reaches
@@ -152,10 +165,12 @@ class ElasticDecode:
             nonlocal served
             need = row_kv_tokens(self.cfg, p)
             self.own_rows, self.own_kv = self.own_rows + 1, self.own_kv + need
+            self.load_changed()
             try:
                 return await serve_row(p)
             finally:
                 self.own_rows, self.own_kv = self.own_rows - 1, self.own_kv - need
+                self.load_changed()
                 served += 1
                 if served == kill_after:
                     os.kill(os.getpid(), signal.SIGKILL)
@@ -200,6 +215,7 @@ class ElasticPrefill:
         self.cfg, self.handoff, self.local = cfg, handoff, local
         handoff.no_retry_without_decode = True  # a row whose decode rank was lost, none left: served here
         self.limit, self.rows_full = cfg.job.batch_rows, full_rows(cfg)
+        handoff.router.row_cap = self.rows_full  # a hand-off to a rank not full while one is
         self.handing_off = self.serving_here = self.waiting = 0
         self.last_need, self.last_here = 0, False  # the last row's KV tokens; mostly prefill
         self.freed = asyncio.Event()

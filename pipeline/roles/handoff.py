@@ -4,6 +4,7 @@ never arrived, under an explicit :class:`RetryPolicy`."""
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import logging
 import time
@@ -15,10 +16,11 @@ from pipeline.engine.lora import lora_request
 from pipeline.engine.stream import Streamed, prefill_params, stream
 from pipeline.io.output import RowResult, served_row
 from pipeline.io.prompts import Prompt
-from pipeline.roles.errors import DecodeLost
+from pipeline.roles.errors import DecodeLost, DecodeUnavailable
 from pipeline.roles.router import DecodeRouter
 from pipeline.runtime import failpoints
 from pipeline.runtime.ids import request_id
+from pipeline.runtime.rundir import RunDir
 from pipeline.wire.messages import Handoff, Reserve, Result
 
 if TYPE_CHECKING:
@@ -29,6 +31,24 @@ log = logging.getLogger(__name__)
 # What the prefill request tells vLLM's NIXL connectors: keep the KV for a remote decode.
 REMOTE_DECODE = {"do_remote_decode": True, "do_remote_prefill": False, "remote_engine_id": None,
                  "remote_block_ids": None, "remote_host": None, "remote_port": None}
+
+
+async def wait_for_decode(run: RunDir, count: int, timeout_s: float) -> dict[int, dict[str, str]]:
+    """Wait until ``count`` decode ranks have published endpoints in the run directory.
+
+    Raises:
+        DecodeUnavailable: fewer than ``count`` appeared within ``timeout_s`` seconds.
+    """
+    deadline = time.monotonic() + timeout_s
+    while True:
+        endpoints = run.decode_endpoints()
+        if len(endpoints) >= count:
+            return endpoints
+        if time.monotonic() > deadline:
+            raise DecodeUnavailable(
+                f"{len(endpoints)} of {count} decode workers came up within {timeout_s:.0f} s; "
+                f"see their logs in {run.logs}")
+        await asyncio.sleep(0.5)
 
 
 @dataclass(frozen=True)

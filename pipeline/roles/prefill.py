@@ -13,8 +13,8 @@ from pipeline.engine.model import load_tokenizer, model_kv_bytes_per_token
 from pipeline.engine.steps import StepRecorder
 from pipeline.roles.colocated import colocated_serve
 from pipeline.roles.elastic import ElasticPrefill
-from pipeline.roles.handoff import PrefillHandoff
-from pipeline.roles.router import DecodeRouter, wait_for_decode
+from pipeline.roles.handoff import PrefillHandoff, wait_for_decode
+from pipeline.roles.router import DecodeRouter
 from pipeline.roles.work import claim_first_or_take_over, own_shards
 from pipeline.runtime import failpoints
 from pipeline.runtime.addresses import worker_host

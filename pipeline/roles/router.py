@@ -21,29 +21,12 @@ from pipeline.wire.messages import (Cancel, Handoff, Message, Probe, Received, R
 log = logging.getLogger(__name__)
 
 
-async def wait_for_decode(run: RunDir, count: int, timeout_s: float) -> dict[int, dict[str, str]]:
-    """Wait until ``count`` decode ranks have published endpoints in the run directory.
-
-    Raises:
-        DecodeUnavailable: fewer than ``count`` appeared within ``timeout_s`` seconds.
-    """
-    deadline = time.monotonic() + timeout_s
-    while True:
-        endpoints = run.decode_endpoints()
-        if len(endpoints) >= count:
-            return endpoints
-        if time.monotonic() > deadline:
-            raise DecodeUnavailable(
-                f"{len(endpoints)} of {count} decode workers came up within {timeout_s:.0f} s; "
-                f"see their logs in {run.logs}")
-        await asyncio.sleep(0.5)
-
-
 class DecodeRouter:
     """Connections to the decode workers. :meth:`handoff` sends to the live worker with the most
     free KV cache and waits for its :class:`Result`. Admission counts KV tokens, not requests:
-    a worker's load is the KV its hand-offs in flight will reach (prompt + new tokens each) as a
-    fraction of the tokens its KV cache holds (published by the worker at start).
+    a worker's load is the KV its requests in flight will reach (prompt + new tokens each) as a
+    fraction of the tokens its KV cache holds (published by the worker at start; the KV in
+    flight in its heartbeat, or this worker's hand-offs to it when more: :meth:`load`).
 
     A monitor re-reads the decode endpoints every second: a worker whose heartbeat (the value in
     its endpoint file, rewritten every 2 s) this process has not seen change for ``dead_after_s``
@@ -92,6 +75,9 @@ class DecodeRouter:
         self.dropped: dict[tuple[int, str], int] = {}
         # rank -> (its heartbeat value last read, time.monotonic() when that value was first seen)
         self.beats: dict[int, tuple[object, float]] = {}
+        # pools.elastic: rows a rank decodes before it is full (pipeline.roles.elastic.full_rows);
+        # a hand-off goes to a rank below it while one is (None: by KV alone)
+        self.row_cap: int | None = None
         self.changed = asyncio.Event()
         self._refresh()
         self.monitor = asyncio.create_task(self._watch())
@@ -301,10 +287,13 @@ class DecodeRouter:
             # hashing: when a worker dies, only its prefixes move), whose prefix cache then
             # already holds the shared blocks and takes less KV over NIXL.
             return max(fits, key=lambda r: hashlib.blake2b(f"{r}/{route}".encode(), digest_size=8).digest())
+        if self.row_cap:  # pools.elastic: a rank decoding fewer rows than its cap first
+            fits = {r for r in fits if self.load(r)[0] < self.row_cap} or fits
         if all(self.capacity.get(r) for r in fits):
-            # Least loaded by KV: (tokens in flight + this request's) / capacity; ties by rank.
-            return min(fits, key=lambda r: ((self.inflight_tokens.get(r, 0) + kv_tokens) / self.capacity[r], r))
-        return min(fits, key=lambda r: (self.handoffs(r), r))
+            # Least loaded by KV: (tokens in flight + this request's) / capacity, tokens in
+            # flight as the rank published them or this worker's hand-offs to it (load); ties by rank.
+            return min(fits, key=lambda r: ((self.load(r)[1] + kv_tokens) / self.capacity[r], r))
+        return min(fits, key=lambda r: (self.load(r)[0], r))
 
     async def reserve(self, r: Reserve, kv_tokens: int, wait_s: float, route: str | None = None,
                       tried: set[int] | None = None) -> tuple[int, dict]:
@@ -351,7 +340,9 @@ class DecodeRouter:
                       kv_tokens: int | None = None, tried: set[int] | None = None) -> Result:
         """Send ``h`` to a live decode worker whose KV cache can hold it (waiting up to ``wait_s``
         seconds for one); return its result. ``route`` (a prompt-prefix key) picks among them by
-        hashing; without it the worker with the most free KV is chosen. ``rank``: send to this
+        hashing; without it the worker with the most free KV is chosen (:meth:`load`: what it
+        last published, every prefill worker's hand-offs and its own units' rows, or this
+        worker's hand-offs to it), among those decoding fewer than :attr:`row_cap` rows while one is. ``rank``: send to this
         worker (the one holding the request's DRAM-tier reservation) while it is live.
         ``kv_tokens``: the KV the request needs (default prompt + ``max_new_tokens``;
         :func:`pipeline.roles.handoff.kv_tokens_needed`). ``tried``: the ranks this row was already

@@ -178,6 +178,7 @@ def test_a_decode_rank_claims_units_only_while_no_hand_off_reaches_it():
 
     from pipeline.config import compose
     from pipeline.roles.elastic import ElasticDecode
+    from pipeline.runtime.heartbeat import Heartbeat
 
     class Rank(ElasticDecode):  # the attributes DecodeServer gives the mixin
         def __init__(self):
@@ -185,6 +186,7 @@ def test_a_decode_rank_claims_units_only_while_no_hand_off_reaches_it():
                                 "pools.elastic_idle_s=0.3", "pools.elastic_decode_rows=4"])
             self.capacity, self.serving, self.handoff_kv = 8192, {}, {}
             self.full_at = time.monotonic()
+            self.beating = Heartbeat(lambda: None, 2.0, "test-beat")  # poked, never started: nothing published
 
     async def go():
         d = Rank()
@@ -200,6 +202,53 @@ def test_a_decode_rank_claims_units_only_while_no_hand_off_reaches_it():
         d.own_rows = 3  # with 3 rows of its own units: 4 rows, full
         assert d.is_full() and not d.has_room()
         await task
+    asyncio.run(go())
+
+
+def test_a_decode_ranks_published_load_follows_its_rows_within_half_a_second(tmp_path):
+    """What a decode rank decodes reaches the run directory when it changes, not at the next
+    2 s beat: prefill workers route by it, and one reading a beat from before the ranks'
+    first claims sent them its rows (test Slurm, decode-heavy 1P:3D). A real heartbeat thread
+    (every 2 s) writing the rank's endpoint record, read back from the file."""
+    import json
+    import time
+
+    from pipeline.config import compose
+    from pipeline.roles.elastic import ElasticDecode
+    from pipeline.runtime.heartbeat import Heartbeat
+
+    run = RunDir(tmp_path)
+
+    class Rank(ElasticDecode):  # the attributes DecodeServer gives the mixin
+        def __init__(self):
+            self.cfg = compose(["+job=summarize", "pools=disaggregated", "pools.elastic=true"])
+            self.capacity, self.serving, self.handoff_kv = 8192, {}, {}
+            self.beating = Heartbeat(lambda: run.publish_decode(0, "tcp://127.0.0.1:1", "decode-0@x", 8192,
+                                                                **self.load()), 2.0, "test-beat").start()
+
+    def published() -> int:
+        return json.loads((tmp_path / "decode" / "rank-0.json").read_text())["decoding"]
+
+    async def go():
+        d = Rank()
+        try:
+            await asyncio.sleep(2.1)  # the first beat: nothing decoding
+            assert published() == 0
+            task = asyncio.create_task(asyncio.sleep(0.8))
+            d.serving["h1"] = task
+            d.count_handoff("h1", 500, task)
+            t = time.monotonic()
+            while published() != 1:
+                await asyncio.sleep(0.02)
+            assert time.monotonic() - t < 0.5  # not the next beat, 1.9 s away
+            await task
+            d.serving.clear()
+            t = time.monotonic()
+            while published() != 0:  # and when it ends
+                await asyncio.sleep(0.02)
+            assert time.monotonic() - t < 0.5
+        finally:
+            d.beating.stop()
     asyncio.run(go())
 
 

@@ -20,7 +20,7 @@ from tests.helpers import COMMON, ROOT, SAMPLE, run_pipeline
 from pipeline.runtime.claims import holders
 from pipeline.runtime.rundir import RunDir
 from pipeline.roles.errors import DecodeUnavailable
-from pipeline.roles.router import wait_for_decode
+from pipeline.roles.handoff import wait_for_decode
 
 
 def test_prefill_waits_for_decode_then_fails_clearly(tmp_path):

@@ -47,6 +47,43 @@ def test_routes_by_free_kv_not_by_request_count(tmp_path):
     asyncio.run(go())
 
 
+def test_routes_by_the_load_each_rank_published_and_below_the_row_cap(tmp_path):
+    """A rank's load counts what it published (every prefill worker's hand-offs and, with
+    pools.elastic, its own units' rows), not only this worker's hand-offs: on the test Slurm a
+    prefill worker that counted only its own sent rows to ranks already decoding units of their
+    own. With ``row_cap`` (pools.elastic) a rank decoding that many rows is passed over while
+    another is below it. By hand, capacities 8192, a 1000-token request."""
+    async def go():
+        run = RunDir(tmp_path)
+        run.publish_decode(0, "tcp://127.0.0.1:20000", "decode-0@x", 8192, decoding=4, kv_tokens_inflight=2000)
+        run.publish_decode(1, "tcp://127.0.0.1:20001", "decode-1@x", 8192, decoding=1, kv_tokens_inflight=3000)
+        run.publish_decode(2, "tcp://127.0.0.1:20002", "decode-2@x", 8192, decoding=0, kv_tokens_inflight=5000)
+        c = DecodeRouter(run, timeout_s=5, dead_after_s=30, secret=b"k" * 32)
+        try:
+            # (2000 + 1000) / 8192 < (3000 + 1000) / 8192 < (5000 + 1000) / 8192: rank 0, though
+            # this worker has sent nothing anywhere (by its own hand-offs all three are empty).
+            assert await c._pick(1, kv_tokens=1000) == 0
+            # This worker's own hand-offs to rank 0 reach 4000 tokens, more than it published
+            # (an older beat): (4000 + 1000) / 8192 > rank 1's 4000 / 8192 -> rank 1.
+            c.inflight_tokens = {0: 4000}
+            assert await c._pick(1, kv_tokens=1000) == 1
+            c.inflight_tokens = {}
+            # Row cap 4: rank 0 decodes 4 rows, full; of ranks 1 and 2, rank 1 has less KV.
+            c.row_cap = 4
+            assert await c._pick(1, kv_tokens=1000) == 1
+            # Row cap 1: only rank 2 (0 rows) is below it.
+            c.row_cap = 1
+            assert await c._pick(1, kv_tokens=1000) == 2
+            # Every rank at the cap: by KV among them all, as without one.
+            run.publish_decode(2, "tcp://127.0.0.1:20002", "decode-2@x", 8192, decoding=1, kv_tokens_inflight=5000)
+            c._refresh()
+            c.row_cap = 1
+            assert await c._pick(1, kv_tokens=1000) == 0
+        finally:
+            c.close()
+    asyncio.run(go())
+
+
 def test_a_retried_row_goes_to_a_worker_it_has_not_failed_on(tmp_path):
     """Seen on the 4-node test Slurm: one prefill node's NIXL handshake to one decode rank timed
     out, and the rows it held failed there again on every try while the other rank was idle.
