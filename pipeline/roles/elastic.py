@@ -71,7 +71,9 @@ def decode_full(router: DecodeRouter, kv_tokens: int, rows: int, pending: int = 
     is not chosen yet, so each rank counts them).
     True with no live, reachable rank: every rank is lost, and the prefill worker serves its
     rows itself until one is back (a rank first seen counts as live for
-    ``transport.decode_dead_after_s`` seconds, so this is not the start of a run)."""
+    ``transport.decode_dead_after_s`` seconds, so this is not the start of a run). The ranks'
+    records are read again first when older than 0.25 s (:meth:`DecodeRouter.fresh`)."""
+    router.fresh()
     reachable = router.reachable()
     if not reachable:
         return True

@@ -78,13 +78,20 @@ class DecodeRouter:
         # pools.elastic: rows a rank decodes before it is full (pipeline.roles.elastic.full_rows);
         # a hand-off goes to a rank below it while one is (None: by KV alone)
         self.row_cap: int | None = None
+        self.read_at = 0.0  # time.monotonic() of the last read of the ranks' records
         self.changed = asyncio.Event()
         self._refresh()
         self.monitor = asyncio.create_task(self._watch())
         self.renewing = asyncio.create_task(self._renew())
 
+    def fresh(self, max_age_s: float = 0.25) -> None:
+        """Re-read the decode ranks' records now unless read in the last ``max_age_s`` seconds
+        (the monitor reads them every second): before a choice that depends on their loads."""
+        if time.monotonic() - self.read_at > max_age_s:
+            self._refresh()
+
     def _refresh(self) -> None:
-        now = time.monotonic()
+        now = self.read_at = time.monotonic()
         for rank, ep in self.run.decode_endpoints().items():
             beat = ep.get("heartbeat")
             if rank not in self.beats or self.beats[rank][0] != beat:
@@ -259,6 +266,7 @@ class DecodeRouter:
         """A live worker for a request of ``kv_tokens`` tokens (see :meth:`handoff`); one not in
         ``tried`` (the ranks this row already failed on) while such a one fits."""
         deadline = time.monotonic() + wait_s
+        self.fresh()
         while True:
             # Live, reachable workers big enough for this request (a worker of unknown size
             # counts as one).

@@ -74,10 +74,11 @@ def test_routes_by_the_load_each_rank_published_and_below_the_row_cap(tmp_path):
             # Row cap 1: only rank 2 (0 rows) is below it.
             c.row_cap = 1
             assert await c._pick(1, kv_tokens=1000) == 2
-            # Every rank at the cap: by KV among them all, as without one.
+            # Every rank at the cap: by KV among them all, as without one. Rank 2's new record is
+            # read by the pick itself (older than 0.25 s; the monitor reads every second): rank 2
+            # were it still the only one below the cap.
             run.publish_decode(2, "tcp://127.0.0.1:20002", "decode-2@x", 8192, decoding=1, kv_tokens_inflight=5000)
-            c._refresh()
-            c.row_cap = 1
+            await asyncio.sleep(0.3)
             assert await c._pick(1, kv_tokens=1000) == 0
         finally:
             c.close()
