@@ -36,8 +36,8 @@ from pipeline.runtime.ids import worker_id
 from pipeline.runtime.ports import start_on_side_channel
 from pipeline.runtime.rundir import RunDir
 from pipeline.wire.auth import Unauthenticated, sign, verify
-from pipeline.wire.messages import (Cancel, Handoff, Probe, Received, Release, Renew, Reserve, Reserved, Result,
-                                    Sample, decode, encode)
+from pipeline.wire.messages import (Cancel, Expect, Handoff, Probe, Received, Release, Renew, Reserve, Reserved,
+                                    Result, Sample, decode, encode)
 
 if TYPE_CHECKING:
     from pipeline.engine.dram_pool import DramPool
@@ -117,6 +117,7 @@ class DecodeServer(ElasticDecode):
         self.live: set[asyncio.Task] = set()
         self.serving: dict[str, asyncio.Task] = {}  # request id -> the task serving its hand-off
         self.handoff_kv: dict[str, int] = {}  # request id -> KV tokens its hand-off may reach
+        self.expected: dict[str, tuple[int, float]] = {}  # pools.elastic: announced hand-offs (expect)
         # prefill worker -> (its newest attempt, that attempt's tasks)
         self.attempts: dict[str, tuple[float, set[asyncio.Task]]] = {}
         # DRAM tier: request id -> (its slots, when reserved or last renewed); a reservation that
@@ -153,6 +154,7 @@ class DecodeServer(ElasticDecode):
                 return
             elif self.taking is not None and self.taking.done() and self.taking.exception() is not None:
                 raise self.taking.exception()
+            self.expire_expected(self.cfg.transport.handoff_timeout_s)
             for request_id, (_, at) in list(self.reserved.items()):
                 if time.monotonic() - at > self.cfg.transport.handoff_timeout_s:
                     log.warning("releasing the DRAM-tier slots of %s: no hand-off came for them, and its prefill "
@@ -185,8 +187,11 @@ class DecodeServer(ElasticDecode):
                             "time) and serves its row elsewhere; dropping it here", msg.request_id)
             if task is not None:
                 task.cancel()
+            self.unexpect(msg.request_id)
             if self.pool is not None:
                 await self._release(msg.request_id)
+        elif isinstance(msg, Expect):
+            self.expect(msg.request_id, msg.kv_tokens)
         elif isinstance(msg, Reserve) and self.pool is not None:
             self._track(msg.request_id, self._spawn(self._reserve(peer, msg)))
         elif isinstance(msg, Release) and self.pool is not None:

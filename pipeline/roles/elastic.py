@@ -57,8 +57,9 @@ def row_kv_tokens(cfg: Config, p: Prompt) -> int:
 
 
 def handoffs_in_flight(router: DecodeRouter) -> int:
-    """The router's hand-offs sent and not yet answered, over all ranks (rows)."""
-    return sum(router.handoffs(r) for r in router.inflight)
+    """The router's hand-offs announced (:meth:`DecodeRouter.announce`), or sent and not yet
+    answered, over all ranks (rows)."""
+    return sum(router.handoffs(r) for r in router.inflight) + len(router.announced)
 
 
 def decode_full(router: DecodeRouter, kv_tokens: int, rows: int, pending: int = 0) -> bool:
@@ -108,8 +109,30 @@ class ElasticDecode:
         KV tokens all of them may reach)."""
         serving = getattr(self, "serving", {})  # none yet at the first publish
         handoff_kv = getattr(self, "handoff_kv", {})
-        return {"serving": len(serving), "decoding": len(serving) + self.own_rows,
-                "kv_tokens_inflight": sum(handoff_kv.values()) + self.own_kv}
+        expected = list(getattr(self, "expected", {}).values())
+        return {"serving": len(serving), "decoding": len(serving) + len(expected) + self.own_rows,
+                "kv_tokens_inflight": sum(handoff_kv.values()) + sum(kv for kv, _ in expected) + self.own_kv}
+
+    def expect(self, request_id: str, kv_tokens: int) -> None:
+        """A prefill worker announced a hand-off of ``kv_tokens`` KV tokens
+        (:class:`~pipeline.wire.messages.Expect`): counted as decoding until it arrives."""
+        self.expected[request_id] = (kv_tokens, time.monotonic())
+        self.handoff_at = time.monotonic()
+        self.is_full()
+        self.load_changed()
+
+    def unexpect(self, request_id: str) -> None:
+        """The announced hand-off ``request_id`` arrived or was withdrawn."""
+        if self.expected.pop(request_id, None) is not None:
+            self.load_changed()
+
+    def expire_expected(self, after_s: float) -> None:
+        """Stop counting announced hand-offs that have not come in ``after_s`` seconds (their
+        prefill worker died, or its withdrawal was lost)."""
+        now = time.monotonic()
+        for request_id, (_, at) in list(self.expected.items()):
+            if now - at > after_s:
+                self.unexpect(request_id)
 
     def load_changed(self) -> None:
         """Publish the load soon (:meth:`Heartbeat.poke`), not at the next 2 s beat: a prefill
@@ -120,6 +143,7 @@ class ElasticDecode:
 
     def count_handoff(self, request_id: str, kv_tokens: int, task: asyncio.Task) -> None:
         """Hand-off ``request_id`` may reach ``kv_tokens`` KV tokens until ``task`` ends."""
+        self.expected.pop(request_id, None)
         self.handoff_kv[request_id] = kv_tokens
         self.handoff_at = time.monotonic()
 
@@ -216,6 +240,7 @@ class ElasticPrefill:
     def __init__(self, cfg: Config, handoff: PrefillHandoff, local: ServeRow):
         self.cfg, self.handoff, self.local = cfg, handoff, local
         handoff.no_retry_without_decode = True  # a row whose decode rank was lost, none left: served here
+        handoff.announce = True  # each hand-off's rank named before its prefill (pipeline.roles.announce)
         self.limit, self.rows_full = cfg.job.batch_rows, full_rows(cfg)
         handoff.router.row_cap = self.rows_full  # a hand-off to a rank not full while one is
         self.handing_off = self.serving_here = self.waiting = 0

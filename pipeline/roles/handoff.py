@@ -103,6 +103,8 @@ class PrefillHandoff:
         # pools.elastic (pipeline.roles.elastic.ElasticPrefill): a hand-off that failed with no
         # decode rank left alive and reachable is not tried again here; the row is served alone
         self.no_retry_without_decode = False
+        # pools.elastic: name each hand-off's rank before its prefill (DecodeRouter.announce)
+        self.announce = False
 
     async def serve(self, p: Prompt) -> RowResult:
         """The row's generation (or error row).
@@ -136,6 +138,8 @@ class PrefillHandoff:
                 finally:
                     capacity_wait += time.time() - t_wait
                 kv_params = {"dram": pool}
+            elif self.announce:
+                await self.router.announce(rid, need, route, self.decode_wait_s(), tried)
             t0 = time.time()
             pre = await self._prefill(p, rid, kv_params, rank)
             t_prefilled = time.time()
@@ -147,7 +151,7 @@ class PrefillHandoff:
                     row_key=p.row_key, request_id=rid, prefill_worker=self.worker, attempt=self.attempt,
                     prompt_token_ids=p.token_ids, sampling=dataclasses.asdict(sampling),
                     kv_transfer_params=pre.kv_transfer_params, prefill_done_at=t_prefilled, lora=p.lora),
-                    wait_s=self.cfg.transport.connect_timeout_s, route=route, rank=rank, kv_tokens=need,
+                    wait_s=self.decode_wait_s(), route=route, rank=rank, kv_tokens=need,
                     tried=tried)
             except self.policy.RETRIED as exc:
                 # The KV this prefill produced is gone with that decode worker (or never
@@ -159,6 +163,13 @@ class PrefillHandoff:
             if not res.retry or not self.policy.again(n, p.row_key, res.error):
                 break
         return self._row(res, pre, t0, t_prefilled, n + 1, capacity_wait if self.dram else None)
+
+    def decode_wait_s(self) -> float:
+        """How long a hand-off waits for a live decode rank: ``transport.connect_timeout_s``, or
+        none with :attr:`no_retry_without_decode` (``pools.elastic``: the prefill worker serves
+        the row itself; a takeover task that waited the full 600 s for the run's one lost rank
+        made the elastic fault test take 13 minutes instead of 4)."""
+        return 0.0 if self.no_retry_without_decode else self.cfg.transport.connect_timeout_s
 
     def _no_decode_left(self) -> bool:
         """With :attr:`no_retry_without_decode`: whether no decode rank is alive and reachable."""
@@ -182,7 +193,7 @@ class PrefillHandoff:
                     row_key=p.row_key, request_id=rid, prefill_worker=self.worker, attempt=self.attempt,
                     prompt_token_ids=p.token_ids, sampling=dataclasses.asdict(sampling), kv_transfer_params={},
                     prefill_done_at=t0, lora=p.lora),
-                    wait_s=self.cfg.transport.connect_timeout_s, route=p.prefix_key if n == 0 else None,
+                    wait_s=self.decode_wait_s(), route=p.prefix_key if n == 0 else None,
                     kv_tokens=need, tried=tried)
             except self.policy.RETRIED as exc:
                 if not self.policy.again(n, p.row_key, exc):
@@ -216,6 +227,7 @@ class PrefillHandoff:
         except BaseException:
             if rank is not None:
                 await self.router.release(rank, rid)
+            await self.router.withdraw(rid)  # announced (pools.elastic): the rank stops counting it
             raise
         if not pre.kv_transfer_params:
             raise RuntimeError("prefill returned no kv_transfer_params; is a KV connector configured?")

@@ -12,7 +12,8 @@ import msgspec
 import zmq
 import zmq.asyncio
 
-from pipeline.roles.errors import DecodeLost, DecodeUnavailable, DecodeUnreachable, KVTooLarge
+from pipeline.roles.announce import Announcing
+from pipeline.roles.errors import DecodeLost, DecodeUnavailable, DecodeUnreachable, check_fits
 from pipeline.runtime.rundir import RunDir
 from pipeline.wire.auth import Unauthenticated, sign, verify
 from pipeline.wire.messages import (Cancel, Handoff, Message, Probe, Received, Release, Renew, Reserve, Reserved,
@@ -21,7 +22,7 @@ from pipeline.wire.messages import (Cancel, Handoff, Message, Probe, Received, R
 log = logging.getLogger(__name__)
 
 
-class DecodeRouter:
+class DecodeRouter(Announcing):
     """Connections to the decode workers. :meth:`handoff` sends to the live worker with the most
     free KV cache and waits for its :class:`Result`. Admission counts KV tokens, not requests:
     a worker's load is the KV its requests in flight will reach (prompt + new tokens each) as a
@@ -79,6 +80,7 @@ class DecodeRouter:
         # a hand-off goes to a rank below it while one is (None: by KV alone)
         self.row_cap: int | None = None
         self.read_at = 0.0  # time.monotonic() of the last read of the ranks' records
+        self.announced: dict[str, tuple[int, int]] = {}  # request id -> (rank, KV tokens): Announcing
         self.changed = asyncio.Event()
         self._refresh()
         self.monitor = asyncio.create_task(self._watch())
@@ -235,10 +237,11 @@ class DecodeRouter:
 
     def load(self, rank: int) -> tuple[int, int]:
         """``(rows, KV tokens)`` rank ``rank`` decodes: its last heartbeat's (every 2 s) less this
-        worker's hand-offs answered since it was read, or this worker's hand-offs in flight."""
+        worker's hand-offs answered since it was read, or this worker's hand-offs in flight and
+        announced (:meth:`announce`)."""
         pub_rows, pub_kv = self.published.get(rank, (0, 0))
         ended_rows, ended_kv = self.ended.get(rank, (0, 0))
-        return (max(pub_rows - ended_rows, self.handoffs(rank)),
+        return (max(pub_rows - ended_rows, self.handoffs(rank) + self.announced_rows(rank)),
                 max(pub_kv - ended_kv, self.inflight_tokens.get(rank, 0)))
 
     def reachable(self) -> set[int]:
@@ -246,20 +249,8 @@ class DecodeRouter:
         return self.live - self.unreachable.keys()
 
     def check_fits(self, kv_tokens: int, prompt_tokens: int | None = None) -> None:
-        """Raise :class:`KVTooLarge` if no known decode worker's KV cache holds ``kv_tokens``
-        tokens, or (given ``prompt_tokens``, with the DRAM tier) no worker's DRAM tier holds the
-        prompt's KV (nothing is known before the first worker publishes its capacity)."""
-        known = [c for c in self.capacity.values() if c]
-        if known and kv_tokens > max(known):
-            raise KVTooLarge(
-                f"the request needs KV for {kv_tokens} tokens (prompt + max new tokens) but the largest "
-                f"decode worker's KV cache holds {max(known)} tokens; shorten the prompt, lower "
-                f"job.sampling.max_new_tokens, or give decode more KV cache (model.kv_cache_gib)")
-        dram = [c for c in self.dram_capacity.values() if c]
-        if prompt_tokens is not None and dram and prompt_tokens > max(dram):
-            raise KVTooLarge(
-                f"the prompt's KV ({prompt_tokens} tokens) exceeds the largest decode worker's DRAM tier "
-                f"({max(dram)} tokens); raise offload.dram_gib")
+        """:func:`pipeline.roles.errors.check_fits` on the decode workers known to this router."""
+        check_fits(self.capacity, self.dram_capacity, kv_tokens, prompt_tokens)
 
     async def _pick(self, wait_s: float, route: str | None = None, kv_tokens: int = 0,
                     tried: set[int] | None = None) -> int:
@@ -351,7 +342,8 @@ class DecodeRouter:
         hashing; without it the worker with the most free KV is chosen (:meth:`load`: what it
         last published, every prefill worker's hand-offs and its own units' rows, or this
         worker's hand-offs to it), among those decoding fewer than :attr:`row_cap` rows while one is. ``rank``: send to this
-        worker (the one holding the request's DRAM-tier reservation) while it is live.
+        worker (the one holding the request's DRAM-tier reservation; default: the one it was
+        announced to, :meth:`announce`) while it is live.
         ``kv_tokens``: the KV the request needs (default prompt + ``max_new_tokens``;
         :func:`pipeline.roles.handoff.kv_tokens_needed`). ``tried``: the ranks this row was already
         sent to (and failed on); another live worker that fits is preferred, and the rank chosen
@@ -368,6 +360,8 @@ class DecodeRouter:
         need = kv_tokens if kv_tokens is not None else len(h.prompt_token_ids) + h.sampling["max_new_tokens"]
         if rank is not None:  # the hand-off claims the reservation: no more renewing
             self.reserved.get(rank, set()).discard(h.request_id)
+        announced = self.unannounce(h.request_id)
+        rank = rank if rank is not None else announced
         if rank is None or rank not in self.live:
             rank = await self._pick(wait_s, route, need, tried)
         if tried is not None:

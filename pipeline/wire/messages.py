@@ -139,13 +139,23 @@ class Cancel(msgspec.Struct, tag="cancel"):
     request_id: str
 
 
+class Expect(msgspec.Struct, tag="expect"):
+    """A hand-off of ``request_id`` (``kv_tokens`` KV tokens) will follow once its prefill ends
+    (``pools.elastic``): the decode worker counts it in its load now, so that it claims no unit
+    and no other prefill worker counts on the room meanwhile. Not answered; dropped by the
+    hand-off, a :class:`Cancel`, or after ``transport.handoff_timeout_s``."""
+
+    request_id: str
+    kv_tokens: int
+
+
 class Probe(msgspec.Struct, tag="probe"):
     """Sent to a decode worker the prefill worker found unreachable, every
     ``transport.ack_timeout_s``; the first :class:`Received` that comes back makes it reachable
     again."""
 
 
-Message = Handoff | Result | Reserve | Reserved | Release | Renew | Received | Cancel | Probe
+Message = Handoff | Result | Reserve | Reserved | Release | Renew | Received | Cancel | Probe | Expect
 _encoder = msgspec.msgpack.Encoder()
 _decoder = msgspec.msgpack.Decoder(Message)
 

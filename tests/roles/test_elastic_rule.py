@@ -184,7 +184,7 @@ def test_a_decode_rank_claims_units_only_while_no_hand_off_reaches_it():
         def __init__(self):
             self.cfg = compose(["+job=summarize", "pools=disaggregated", "pools.elastic=true",
                                 "pools.elastic_idle_s=0.3", "pools.elastic_decode_rows=4"])
-            self.capacity, self.serving, self.handoff_kv = 8192, {}, {}
+            self.capacity, self.serving, self.handoff_kv, self.expected = 8192, {}, {}, {}
             self.full_at = time.monotonic()
             self.beating = Heartbeat(lambda: None, 2.0, "test-beat")  # poked, never started: nothing published
 
@@ -222,7 +222,7 @@ def test_a_decode_ranks_published_load_follows_its_rows_within_half_a_second(tmp
     class Rank(ElasticDecode):  # the attributes DecodeServer gives the mixin
         def __init__(self):
             self.cfg = compose(["+job=summarize", "pools=disaggregated", "pools.elastic=true"])
-            self.capacity, self.serving, self.handoff_kv = 8192, {}, {}
+            self.capacity, self.serving, self.handoff_kv, self.expected = 8192, {}, {}, {}
             self.beating = Heartbeat(lambda: run.publish_decode(0, "tcp://127.0.0.1:1", "decode-0@x", 8192,
                                                                 **self.load()), 2.0, "test-beat").start()
 
