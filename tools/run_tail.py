@@ -5,7 +5,12 @@ the run's first row read; with ``--rows``, every row (prefill worker, decode wor
 read, prefill start, KV arrival, first and last token). Read from the run's request metrics
 (:func:`pipeline.io.metrics.read_request_metrics`)::
 
-    .venv/bin/python tools/run_tail.py RUN_DIR [RUN_DIR ...] [--rows]
+    .venv/bin/python tools/run_tail.py RUN_DIR [RUN_DIR ...] [--rows] [--steps N]
+
+``--steps N``: each engine's median step while it decoded exactly N rows and nothing else (its
+step records, ``metrics/workers``), and the run's window (first row read to last token) over
+the median of those: the window in steps, which the engines' speed, moving by 1.6x between runs
+of one layout on the capped test Slurm, does not move.
 
 A run whose last units were each held by one busy engine shows engines idle at the end for
 about one unit's time (a row's decode, ~25 s for 256 tokens on the test Slurm).
@@ -22,7 +27,9 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from pipeline.io.metrics import read_request_metrics  # noqa: E402
+import statistics  # noqa: E402
+
+from pipeline.io.metrics import read_request_metrics, read_worker_metrics  # noqa: E402
 
 
 def first_read(rows: list[dict]) -> float:
@@ -52,6 +59,24 @@ def engine_ends(rows: list[dict], t0: float) -> dict[str, dict]:
     return dict(out)
 
 
+def step_s(run_dir: Path, rows: int) -> dict[str, float]:
+    """Engine -> its median step (seconds) over steps with exactly ``rows`` rows running, each
+    generating a token and none prefilling, after a step with as many rows (so that the gap is
+    one step's); engines with fewer than 20 such steps are left out."""
+    t = read_worker_metrics(run_dir, ["worker", "t", "running", "generation_tokens", "prompt_tokens"]).to_pylist()
+    by: dict[str, list[dict]] = defaultdict(list)
+    for r in t:
+        by[r["worker"].split("@")[0]].append(r)
+    out = {}
+    for w, steps in by.items():
+        steps.sort(key=lambda r: r["t"])
+        gaps = [b["t"] - a["t"] for a, b in zip(steps, steps[1:]) if a["running"] == rows == b["running"]
+                and b["generation_tokens"] == rows and not b["prompt_tokens"]]
+        if len(gaps) >= 20:
+            out[w] = statistics.median(gaps)
+    return out
+
+
 def _s(v: float | None) -> str:
     return "-" if v is None else f"{v:.1f}"
 
@@ -60,6 +85,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("run_dirs", nargs="+", type=Path)
     ap.add_argument("--rows", action="store_true", help="every row too")
+    ap.add_argument("--steps", type=int, metavar="N", help="each engine's median step at N rows; the window in steps")
     args = ap.parse_args()
     for run_dir in args.run_dirs:
         rows = read_request_metrics(run_dir).to_pylist()
@@ -76,6 +102,12 @@ def main() -> None:
             idle = None if e["last_token"] is None else end - e["last_token"]
             print(f"| {name} | {e['alone']} | {e['in']} | {e['out']} | {_s(e['first_prefill'])} | "
                   f"{_s(e['last_token'])} | {_s(idle)} |")
+        if args.steps:
+            steps = step_s(run_dir, args.steps)
+            if steps:
+                med = statistics.median(steps.values())
+                print(f"steps of {args.steps} rows: " + ", ".join(f"{w} {v:.3f} s" for w, v in sorted(steps.items()))
+                      + f"; window {end:.1f} s = {end / med:.0f} steps of {med:.3f} s")
         if args.rows:
             for r in sorted(rows, key=lambda r: (r["prefill_start"] or 0, r["key"])):
                 tt = r["token_times"] or []

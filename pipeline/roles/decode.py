@@ -83,7 +83,8 @@ class DecodeServer(ElasticDecode):
     at once (:class:`Received`, as are :class:`Reserve` and :class:`Probe`) and becomes a task
     streaming the request from ``engine``, which a :class:`Cancel` of its request id ends; with
     ``offload=dram`` it also owns the DRAM tier and answers :class:`Reserve` / :class:`Release` /
-    :class:`Renew`.
+    :class:`Renew`; with ``pools.elastic`` an :class:`Expect` counts a hand-off announced before its
+    prefill in this rank's load until it arrives (:meth:`ElasticDecode.expect`).
     """
 
     def __init__(self, run: RunDir, cfg: Config, rank: int, worker: str, engine, host: str):
