@@ -185,7 +185,8 @@ class PoolsConfig:
     row is mostly prefill (more than ``elastic_prompt_per_output`` prompt tokens per output
     token: a decode too short to be worth a hand-off; the length half of the rule), up to
     ``job.batch_rows`` such rows beside its ``job.batch_rows`` hand-offs. Each pool then works
-    whichever of the two the run's prompts and outputs leave short.
+    whichever of the two the run's prompts and outputs leave short. Either claims a unit when its
+    rows could all start at once, or some of them could for ``elastic_claim_wait_s`` seconds.
     ``auto``: the planner chooses one of the two for ``prefill + decode`` workers from
     ``sample_rows`` rows of the input and the ``hardware`` preset (None: ``cpu`` without a
     GPU, else ``h100``) or a finished run's measured speeds (``calibration``: its run
@@ -196,8 +197,11 @@ class PoolsConfig:
     decode: int = 1  # decode workers (disaggregated only)
     local_prefill_tokens: int = 0  # prompts shorter than this are prefilled on decode; 0: never
     elastic: bool = False  # disaggregated: an idle decode rank claims work units and serves them colocated
-    # pools.elastic: seconds a decode rank was neither full nor sent a hand-off before it claims a unit (damps flapping)
-    elastic_idle_s: float = 0.5
+    # pools.elastic: seconds a decode rank was neither full nor sent a hand-off before it claims a unit (damps flapping).
+    # Longer than a prefill worker takes to see the rank's room and announce a hand-off there (the rank's load published
+    # within 0.2 s, read when 0.25 s old, a claim and its first row's announcement: up to ~0.9 s here), so the freed
+    # room goes to one of them, not both; on GPUs the same path is a few tens of ms shorter, not less than half
+    elastic_idle_s: float = 1.0
     # pools.elastic: seconds a prefill worker's row waits for a decode rank with room before its own engine serves it;
     # 0: at once. On the test Slurm a 2 s wait did not pay (2P:2D decode-heavy 212 s, against 192-243 s at 0, the
     # spread of one configuration there; BENCHMARKS.md); on GPUs, where a row decoded on a prefill engine slows every
@@ -209,6 +213,12 @@ class PoolsConfig:
     # as much compute as 10 prompt tokens (here ~1,200 prompt vs ~120 output tokens/s per core, tools/bench.py 2g;
     # a GPU's ratio is of the same order: prefill is bound by compute, decode by reading weights and KV)
     elastic_prompt_per_output: float = 10.0
+    # pools.elastic: seconds a prefill worker or decode rank with places for some of a work unit's rows, not all, waits
+    # before it claims the unit, so that one with places for all of it claims it first (the unit's other rows would wait
+    # on the first); 0: at once. 2: on the test Slurm a row decodes for 25-40 s and a worker with room answers within
+    # 0.6 s, while a unit claimed with one place and its other rows left waiting made the tail (36 s). On GPUs, where a
+    # row decodes in seconds, about a tenth of a row's decode time
+    elastic_claim_wait_s: float = 2.0
     hardware: Optional[str] = None  # pools=auto: hardware preset; null: cpu without a GPU, else h100
     calibration: Optional[str] = None  # pools=auto: a finished run's directory to take measured speeds from
     sample_rows: int = 2000  # pools=auto: input rows sampled to plan from
@@ -225,6 +235,8 @@ class PoolsConfig:
         _check(self.elastic_decode_rows >= 0, "pools.elastic_decode_rows", f"must be >= 0, got {self.elastic_decode_rows}")
         _check(self.elastic_idle_s >= 0, "pools.elastic_idle_s", f"must be >= 0, got {self.elastic_idle_s}")
         _check(self.elastic_wait_s >= 0, "pools.elastic_wait_s", f"must be >= 0, got {self.elastic_wait_s}")
+        _check(self.elastic_claim_wait_s >= 0, "pools.elastic_claim_wait_s",
+               f"must be >= 0, got {self.elastic_claim_wait_s}")
         _check(not self.elastic or self.mode != "colocated", "pools.elastic",
                "needs disaggregated pools (pools=disaggregated or pools=auto): colocated workers serve every row already")
 

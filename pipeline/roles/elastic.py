@@ -10,7 +10,10 @@ Full (:func:`full_rows`): a decode rank decoding ``pools.elastic_decode_rows`` r
 ``job.batch_rows``: more than one colocated worker keeps in flight), or whose KV in flight
 (prompt + new tokens of each request, :func:`pipeline.roles.handoff.kv_tokens_needed`) would
 pass its KV cache's tokens with the row's. Decode ranks publish both counts in their heartbeat
-(every 2 s); a prefill worker's router reads them (:func:`decode_full`)."""
+(within 0.2 s of a change); a prefill worker's router reads them (:func:`decode_full`).
+
+Either side claims its next unit when it has places for all of the unit's rows, or has had
+places for some of them for ``pools.elastic_claim_wait_s`` seconds (:class:`ClaimGate`)."""
 
 from __future__ import annotations
 
@@ -30,7 +33,7 @@ from pipeline.roles.errors import DecodeUnavailable
 from pipeline.roles.handoff import PrefillHandoff, RetryPolicy, kv_tokens_needed
 from pipeline.roles.router import DecodeRouter
 from pipeline.roles.shard_owner import Progress, ServeRow
-from pipeline.roles.work import own_shards
+from pipeline.roles.work import ClaimGate, own_shards, unit_rows
 from pipeline.runtime import failpoints
 from pipeline.runtime.claims import Claims
 
@@ -91,6 +94,7 @@ class ElasticDecode:
 
     own_rows = own_kv = 0  # rows of its own units in flight, and the KV tokens they may reach
     full_at = 0.0  # time.monotonic() when this rank was last seen full
+    gate: ClaimGate | None = None  # when to claim the next unit (set by start_taking_units)
     handoff_at = 0.0  # time.monotonic() when a hand-off last reached this rank
 
     def start_taking_units(self) -> None:
@@ -101,6 +105,7 @@ class ElasticDecode:
         self.claims = Claims(self.run.path, self.worker.split("@")[0])
         self.claims.start_heartbeat()
         self.full_at = time.monotonic()  # a first claim after elastic_idle_s
+        self.gate = ClaimGate(self.cfg.pools.elastic_claim_wait_s)
         self.taking = asyncio.create_task(self.take_units())
 
     def load(self) -> dict[str, int]:
@@ -167,9 +172,16 @@ class ElasticDecode:
 
     def has_room(self) -> bool:
         """Not full now, nor for the last ``pools.elastic_idle_s`` seconds, and no hand-off
-        reached it in that time: while the prefill pool keeps sending, the room is theirs."""
+        reached it in that time: while the prefill pool keeps sending, the room is theirs. With
+        a :attr:`gate` (claiming units), also places (:func:`full_rows` less the rows decoding)
+        for all of a unit's rows, or for some of them for ``pools.elastic_claim_wait_s``."""
         last = max(self.full_at, self.handoff_at)
-        return not self.is_full() and time.monotonic() - last >= self.cfg.pools.elastic_idle_s
+        if self.is_full() or time.monotonic() - last < self.cfg.pools.elastic_idle_s:
+            return False
+        if self.gate is None:
+            return True
+        rows = full_rows(self.cfg)
+        return self.gate.ready(rows - self.load()["decoding"], min(rows, unit_rows(self.run)))
 
     async def take_units(self) -> None:
         """While this rank :meth:`has_room`, claim work units (the prefill workers' claims:
@@ -244,30 +256,52 @@ class ElasticPrefill:
         self.limit, self.rows_full = cfg.job.batch_rows, full_rows(cfg)
         handoff.router.row_cap = self.rows_full  # a hand-off to a rank not full while one is
         self.handing_off = self.serving_here = self.waiting = 0
+        self.gate = ClaimGate(cfg.pools.elastic_claim_wait_s)
         self.last_need, self.last_here = 0, False  # the last row's KV tokens; mostly prefill
         self.freed = asyncio.Event()
 
     async def room(self) -> bool:
-        """Wait until a row of a next unit could start at once (:meth:`can_start`; then True):
-        the worker's ``keep_claiming``, so that it claims its next unit only when it can start
-        its rows, leaving the units it could not start to a worker or decode rank with room. (The
-        worker's row places, 2 x ``job.batch_rows``, freed by the last unit's rows starting are
-        not enough: a unit claimed with every place of both kinds taken waited 18 s on a busy
-        worker while another idled, measured on the test Slurm.)"""
+        """Wait until the rows of a next unit could start at once (:meth:`places`; all of a
+        unit's rows, :func:`unit_rows`, or some of them for ``pools.elastic_claim_wait_s``:
+        :class:`ClaimGate`; then True): the worker's ``keep_claiming``, so that it claims its
+        next unit only when it can start its rows, leaving the units it could not start to a
+        worker or decode rank with room. (The worker's row places, 2 x ``job.batch_rows``, freed
+        by the last unit's rows starting are not enough: a unit claimed with every place of both
+        kinds taken waited 18 s on a busy worker while another idled, measured on the test
+        Slurm.)"""
+        want = min(2 * self.limit, unit_rows(self.handoff.router.run))
         await asyncio.sleep(0.05)  # the rows just started reach their choice first
-        while not self.can_start():
+        while not self.gate.ready(self.places(), want):
             await asyncio.sleep(0.1)
         return True
 
     def can_start(self) -> bool:
-        """Whether no row of this worker waits and a new row (of the last row's KV need) would
-        start now: a hand-off place free while a decode rank has room for it, or a place on this
-        worker's engine while every rank is full (or for a row mostly prefill, the last one)."""
+        """Whether a new row (of the last row's KV need) would start now (:meth:`places`)."""
+        return self.places() > 0
+
+    def places(self) -> int:
+        """New rows (each of the last row's KV need) that would start now, by the rule they
+        will meet: handed off while a decode rank has room (up to this worker's free hand-off
+        places and the decode ranks' free rows, :func:`full_rows` each), then, the ranks full,
+        served here (this engine's free places); a row mostly prefill (the last one was), here
+        only. None while a row of this worker waits: its unit first."""
         if self.waiting:
-            return False
-        if self.last_here or decode_full(self.handoff.router, self.last_need, self.rows_full, self._pending()):
-            return self.serving_here < self.limit
-        return self.handing_off < self.limit
+            return 0
+        here = self.limit - self.serving_here
+        if self.last_here:
+            return here
+        router = self.handoff.router
+        router.fresh()
+        pending, decode_room = self._pending(), 0
+        for r in router.reachable():
+            load_rows, kv = router.load(r)
+            cap = router.capacity.get(r)
+            if not (cap and kv + self.last_need > cap):
+                decode_room += max(0, self.rows_full - load_rows)
+        decode_room = max(0, decode_room - pending)
+        handoff = self.limit - self.handing_off
+        # Rows beyond this worker's hand-off places, the ranks not yet full, wait (serve).
+        return handoff if decode_room > handoff else decode_room + here
 
     def _pending(self) -> int:
         """This worker's rows bound for a hand-off still in prefill (:func:`decode_full`)."""

@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import asyncio
 
+from pipeline.io.shards import list_shards
 from pipeline.roles.elastic import decode_full
 from pipeline.roles.router import DecodeRouter
 from pipeline.runtime.rundir import RunDir
+from tests.helpers import SAMPLE
 
 
 def test_decode_is_full_only_when_every_rank_is(tmp_path):
@@ -122,8 +124,10 @@ def test_a_prefill_worker_claims_its_next_unit_only_when_a_row_of_it_could_start
     from pipeline.roles.elastic import ElasticPrefill
 
     cfg = compose(["+job=summarize", "pools=disaggregated", "pools.elastic=true", "pools.elastic_wait_s=0",
-                   "pools.elastic_decode_rows=8", "job.batch_rows=4", "job.sampling.max_new_tokens=64"])
+                   "pools.elastic_decode_rows=8", "job.batch_rows=4", "job.sampling.max_new_tokens=64",
+                   "pools.elastic_claim_wait_s=0"])
     run = RunDir(tmp_path)
+    run.create(cfg, list_shards(str(SAMPLE)), str(tmp_path / "out"), 24)
     run.publish_decode(0, "tcp://127.0.0.1:21000", "decode-0@x", 8192, decoding=1, kv_tokens_inflight=100)
 
     async def go():
@@ -168,6 +172,90 @@ def test_a_prefill_worker_claims_its_next_unit_only_when_a_row_of_it_could_start
             await asyncio.wait_for(waiter, 0.5)
         finally:
             r.close()
+    asyncio.run(go())
+
+
+def test_a_unit_is_claimed_with_places_for_all_its_rows_or_some_for_claim_wait_s(tmp_path):
+    """pools.elastic_claim_wait_s (ClaimGate), both sides: a prefill worker (ElasticPrefill.room)
+    and a decode rank (ElasticDecode.has_room) claim a unit at once when all of its rows could
+    start, and with places for only some of them once that has lasted elastic_claim_wait_s, so
+    that one with places for all of it takes it first. Measured before (test Slurm, capped,
+    decode-heavy 2P:2D): the last two units went to a worker with one place each, the other
+    worker's 4 places freed 1.5 s later and it idled 36 s. The sample's 24 rows in its 3 shards:
+    units of 8 rows; places worked out by hand in the comments."""
+    import time
+    from types import SimpleNamespace
+
+    from pipeline.config import compose
+    from pipeline.roles.elastic import ElasticDecode, ElasticPrefill
+    from pipeline.roles.work import ClaimGate, unit_rows
+    from pipeline.runtime.heartbeat import Heartbeat
+
+    cfg = compose(["+job=summarize", "pools=disaggregated", "pools.elastic=true", "pools.elastic_wait_s=0",
+                   "pools.elastic_decode_rows=6", "job.batch_rows=4", "job.sampling.max_new_tokens=64",
+                   "pools.elastic_claim_wait_s=0.4", "pools.elastic_idle_s=0"])
+    run = RunDir(tmp_path)
+    run.create(cfg, list_shards(str(SAMPLE)), str(tmp_path / "out"), 24)
+    assert unit_rows(run) == 8  # 24 rows / 3 units
+
+    def ranks(d0: int, d1: int) -> None:  # what ranks 0 and 1 published: rows decoding
+        run.publish_decode(0, "tcp://127.0.0.1:21000", "decode-0@x", 8192, decoding=d0, kv_tokens_inflight=100)
+        run.publish_decode(1, "tcp://127.0.0.1:21001", "decode-1@x", 8192, decoding=d1, kv_tokens_inflight=100)
+
+    async def claimed_within(e: ElasticPrefill, s: float) -> bool:
+        waiter = asyncio.create_task(e.room())
+        try:
+            await asyncio.wait_for(asyncio.shield(waiter), s)
+            return True
+        except asyncio.TimeoutError:
+            waiter.cancel()
+            return False
+
+    async def go():
+        ranks(5, 6)
+        r = DecodeRouter(run, timeout_s=5, dead_after_s=30, secret=b"k" * 32)
+        try:
+            e = ElasticPrefill(cfg, SimpleNamespace(router=r), local=None)
+            e.last_need = 164
+            # Rank 0 has 6 - 5 = 1 row free, rank 1 none; this engine 4 - 3 = 1: 1 hand-off,
+            # then the ranks full, 1 here: 2 places of the 8 wanted (min(8 rows, 2 x 4 places)).
+            e.serving_here = 3
+            assert e.places() == 2
+            assert not await claimed_within(e, 0.25)  # a worker with room for all of it first
+            started = time.monotonic()
+            assert await claimed_within(e, 1.0)  # ... for 0.4 s, then this one
+            assert time.monotonic() - started >= 0.1
+            # Ranks with 6 - 2 + 6 - 0 = 10 free rows: this worker's 4 hand-off places, the
+            # rest of the rows waiting for one (the ranks not full): 4 places.
+            ranks(2, 0)
+            r._refresh()
+            assert e.places() == 4
+            # 2 + 2 rows free at the ranks, this engine empty: 4 hand-offs and 4 here, 8: at once.
+            ranks(4, 4)
+            r._refresh()
+            e.serving_here = 0
+            assert e.places() == 8
+            assert await claimed_within(e, 0.2)
+            e.waiting = 1  # a row of this worker waits: no place
+            assert e.places() == 0
+        finally:
+            r.close()
+
+    class Rank(ElasticDecode):  # the attributes DecodeServer gives the mixin
+        def __init__(self):
+            self.cfg, self.run = cfg, run
+            self.capacity, self.serving, self.handoff_kv, self.expected = 8192, {}, {}, {}
+            self.gate = ClaimGate(cfg.pools.elastic_claim_wait_s)
+            self.beating = Heartbeat(lambda: None, 2.0, "test-beat")  # poked, never started
+
+    d = Rank()
+    assert d.has_room()  # 6 rows free of 6, for a unit of min(8, 6): at once
+    d.own_rows = 2  # 4 places of 6 wanted: not yet, then after 0.4 s
+    assert not d.has_room()
+    time.sleep(0.45)
+    assert d.has_room()
+    d.own_rows = 6  # full
+    assert not d.has_room()
     asyncio.run(go())
 
 
