@@ -29,7 +29,8 @@ if str(ROOT) not in sys.path:
 
 import statistics  # noqa: E402
 
-from pipeline.io.metrics import read_request_metrics, read_worker_metrics  # noqa: E402
+from pipeline.io.metrics import read_request_metrics  # noqa: E402
+from tools.bench_parts.e2e.elastic import step_s  # noqa: E402
 
 
 def first_read(rows: list[dict]) -> float:
@@ -57,24 +58,6 @@ def engine_ends(rows: list[dict], t0: float) -> dict[str, dict]:
             first, seen = r["prefill_start"] - t0, out[p]["first_prefill"]
             out[p]["first_prefill"] = first if seen is None else min(seen, first)
     return dict(out)
-
-
-def step_s(run_dir: Path, rows: int) -> dict[str, float]:
-    """Engine -> its median step (seconds) over steps with exactly ``rows`` rows running, each
-    generating a token and none prefilling, after a step with as many rows (so that the gap is
-    one step's); engines with fewer than 20 such steps are left out."""
-    t = read_worker_metrics(run_dir, ["worker", "t", "running", "generation_tokens", "prompt_tokens"]).to_pylist()
-    by: dict[str, list[dict]] = defaultdict(list)
-    for r in t:
-        by[r["worker"].split("@")[0]].append(r)
-    out = {}
-    for w, steps in by.items():
-        steps.sort(key=lambda r: r["t"])
-        gaps = [b["t"] - a["t"] for a, b in zip(steps, steps[1:]) if a["running"] == rows == b["running"]
-                and b["generation_tokens"] == rows and not b["prompt_tokens"]]
-        if len(gaps) >= 20:
-            out[w] = statistics.median(gaps)
-    return out
 
 
 def _s(v: float | None) -> str:

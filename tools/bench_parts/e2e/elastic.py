@@ -18,6 +18,7 @@ from __future__ import annotations
 import os
 import random
 import statistics
+from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
@@ -100,6 +101,43 @@ def decode_rank_itl_p99(cols: dict[str, list]) -> float | None:
     return float(np.percentile(gaps, 99)) if gaps else None
 
 
+def step_s(run_dir: Path, rows: int) -> dict[str, float]:
+    """Engine (worker name without host) -> its median step (seconds) over steps with exactly
+    ``rows`` rows running, each generating a token and none prefilling, after a step with as
+    many rows (so that the gap is one step's), from the run's step records
+    (``metrics/workers``); engines with fewer than 20 such steps are left out."""
+    from pipeline.io.metrics import read_worker_metrics
+
+    t = read_worker_metrics(run_dir, ["worker", "t", "running", "generation_tokens", "prompt_tokens"]).to_pylist()
+    by: dict[str, list[dict]] = defaultdict(list)
+    for r in t:
+        by[r["worker"].split("@")[0]].append(r)
+    out = {}
+    for w, steps in by.items():
+        steps.sort(key=lambda r: r["t"])
+        gaps = [b["t"] - a["t"] for a, b in zip(steps, steps[1:]) if a["running"] == rows == b["running"]
+                and b["generation_tokens"] == rows and not b["prompt_tokens"]]
+        if len(gaps) >= 20:
+            out[w] = statistics.median(gaps)
+    return out
+
+
+def run_step_s(run_dir: Path, rows: int) -> float | None:
+    """The median over a run's engines of :func:`step_s` (seconds; None: no engine had 20 such
+    steps): what the run's window is divided by to give it in steps (:func:`window_steps`)."""
+    steps = step_s(run_dir, rows)
+    return statistics.median(steps.values()) if steps else None
+
+
+def window_steps(rs: list[dict]) -> float | None:
+    """The median over runs of each run's window (first row read to last token, ``wall_s``)
+    over its engines' step at equal rows (``step_s``: :func:`run_step_s`): the window in steps,
+    which the engines' own speed does not move. On the capped test Slurm an engine's step at 4
+    rows moved 1.6x between rounds of one bench, and makespans with it."""
+    vals = [r["wall_s"] / r["step_s"] for r in rs if r.get("step_s") and r.get("wall_s")]
+    return statistics.median(vals) if vals else None
+
+
 def _busy(r: dict, role: str) -> float | None:
     vals = [v for w, v in (r.get("busy_fraction") or {}).items() if w.startswith(role) and v is not None]
     return statistics.mean(vals) if vals else None
@@ -149,6 +187,7 @@ def table_elastic_slurm(results: dict[str, list[dict]]) -> tuple[str, dict]:
         if not cands or not any(elastic.values()):
             continue
         best = min(cands)
+        best_steps = min((w for rs in [coloc, *static.values()] if (w := window_steps(rs))), default=None)
         for label, rs, k in [("colocated 4 workers", coloc, "c"), *[(f"{kind} {s[0]}P:{s[2]}D", rs, kind[0])
                              for s in SLURM_SPLITS for kind, rs in (("static", static[s]), ("elastic", elastic[s]))]]:
             if not rs:
@@ -158,21 +197,25 @@ def table_elastic_slurm(results: dict[str, list[dict]]) -> tuple[str, dict]:
             busy = (f"{statistics.median([_busy(r, 'colocated') or 0 for r in rs]):.2f}" if k == "c" else
                     f"{statistics.median([_busy(r, 'prefill') or 0 for r in rs]):.2f} / "
                     f"{statistics.median([_busy(r, 'decode') or 0 for r in rs]):.2f}")
+            steps = window_steps(rs)
+            in_steps = "-" if steps is None else f"{steps:.0f}" + (f" ({steps / best_steps:.2f}x)" if best_steps else "")
             rows.append([wl, label, fmt(med(rs, "process_s"), "s"), fmt(med(rs, "wall_s"), "s"), fmt(ratio, "x"),
-                         busy, fmt(med(rs, "decode_rank_itl_p99_s"), "ms"),
+                         in_steps, busy, fmt(med(rs, "decode_rank_itl_p99_s"), "ms"),
                          f"{paths.get('handed_off', 0)} / {paths.get('decode_alone', 0)} / {paths.get('prefill_alone', 0)}",
                          len(rs)])
             if k == "e":
-                facts[f"{wl}-{label.split()[1]}"] = {"elastic_over_best": ratio, "best": best[1]}
+                facts[f"{wl}-{label.split()[1]}"] = {"elastic_over_best": ratio, "best": best[1],
+                                                     "steps_over_best": steps / best_steps if steps and best_steps else None}
     cap = slurm_node_cpus()
     facts["node_cpus"] = cap
     note = (f"Each test node capped at {cap:g} cores (`start-test-cluster.sh --node-cpus {cap:g}`).\n\n" if cap else
             "Test nodes not capped: they share the machine's cores, an idle node's share going to the busy ones "
             "(`start-test-cluster.sh --node-cpus F` caps them).\n\n")
     text = note + md_table(["workload", "pools", "makespan s (median)", "first read to last token s",
-                     "/ best of static splits, colocated", "busy: prefill (colocated: workers) / decode",
+                     "/ best of static splits, colocated", "that window in steps (/ the best's)",
+                     "busy: prefill (colocated: workers) / decode",
                      "decode ITL p99 ms", "rows handed off / decode alone / prefill alone (repeat 1)", "repeats"],
-                    rows, "llrrrrrrr")
+                    rows, "llrrrrrrrr")
     return text, facts
 
 

@@ -12,7 +12,7 @@ from typing import Any
 from pipeline.run import planned
 from pipeline.runtime.rundir import RunDir
 from tools.bench_parts.e2e.configs import base_overrides, pipeline_overrides
-from tools.bench_parts.e2e.elastic import decode_rank_itl_p99, rows_by_path
+from tools.bench_parts.e2e.elastic import decode_rank_itl_p99, rows_by_path, run_step_s
 from tools.bench_parts.e2e.metrics import handoff_parts, per_owner_throughput, stall_attribution, worker_steps
 from tools.bench_parts.e2e.processes import RunError, label_processes, run_sampled
 from tools.benchlib import REPO
@@ -69,6 +69,9 @@ def run_pipeline_config(name: str, rep: int, args: argparse.Namespace, wl: dict,
         out[k] = rep_[k]
     out["tokens_by_row"] = _output_tokens_by_row(run_dir)
     out["rows_by_path"], out["decode_rank_itl_p99_s"] = rows_by_path(cols), decode_rank_itl_p99(cols)
+    # Each engine's step at a quarter of the rows in flight (one colocated worker's rows of 4): the window in steps
+    out["step_rows"] = max(1, args.inflight // 4)
+    out["step_s"] = run_step_s(run_dir, out["step_rows"])
     if (choice := planned(RunDir(run_dir))) is not None:  # pools=auto: what it chose
         out["auto_choice"] = choice["choice"]
     return out
