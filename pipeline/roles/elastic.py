@@ -284,7 +284,8 @@ class ElasticPrefill:
         will meet: handed off while a decode rank has room (up to this worker's free hand-off
         places and the decode ranks' free rows, :func:`full_rows` each), then, the ranks full,
         served here (this engine's free places); a row mostly prefill (the last one was), here
-        only. None while a row of this worker waits: its unit first."""
+        only. None while a row of this worker waits: its unit first. None either while a rank
+        has room and this engine serves rows of its own: the rank claims a unit itself (below)."""
         if self.waiting:
             return 0
         here = self.limit - self.serving_here
@@ -299,6 +300,13 @@ class ElasticPrefill:
             if not (cap and kv + self.last_need > cap):
                 decode_room += max(0, self.rows_full - load_rows)
         decode_room = max(0, decode_room - pending)
+        if decode_room and self.serving_here:
+            # A rank's room waits for a hand-off's KV as long as the prefill takes, and on an
+            # engine decoding rows of its own that is longer than on the rank's own engine: the
+            # rank serves a unit of its own better. Measured on the test Slurm (capped,
+            # decode-heavy 2P:2D and 1P:3D): ranks idled 21-41 s for 4 rows' KV from prefill
+            # workers that decoded 4 rows of their own, where the rank's own prefill takes ~20 s.
+            return 0
         handoff = self.limit - self.handing_off
         # Rows beyond this worker's hand-off places, the ranks not yet full, wait (serve).
         return handoff if decode_room > handoff else decode_room + here

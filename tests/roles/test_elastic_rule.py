@@ -164,7 +164,13 @@ def test_a_prefill_worker_claims_its_next_unit_only_when_a_row_of_it_could_start
             e.last_here = True
             assert e.can_start()
             e.last_here = False
+            # This engine serves 3 rows of its own and the rank has room: no claim to hand off
+            # (the rank's room would wait on a prefill beside those rows: the rank claims).
+            handing_off(3)
+            assert not e.can_start()
             # room() waits while no row could start and returns once one could.
+            handing_off(4)
+            e.serving_here = 0
             waiter = asyncio.create_task(e.room())
             await asyncio.sleep(0.4)
             assert not waiter.done()
@@ -217,10 +223,9 @@ def test_a_unit_is_claimed_with_places_for_all_its_rows_or_some_for_claim_wait_s
         try:
             e = ElasticPrefill(cfg, SimpleNamespace(router=r), local=None)
             e.last_need = 164
-            # Rank 0 has 6 - 5 = 1 row free, rank 1 none; this engine 4 - 3 = 1: 1 hand-off,
-            # then the ranks full, 1 here: 2 places of the 8 wanted (min(8 rows, 2 x 4 places)).
-            e.serving_here = 3
-            assert e.places() == 2
+            # Rank 0 has 6 - 5 = 1 row free, rank 1 none; this engine serves no row: 1 hand-off,
+            # then the ranks full, 4 here: 5 places of the 8 wanted (min(8 rows, 2 x 4 places)).
+            assert e.places() == 5
             assert not await claimed_within(e, 0.25)  # a worker with room for all of it first
             started = time.monotonic()
             assert await claimed_within(e, 1.0)  # ... for 0.4 s, then this one
@@ -238,6 +243,15 @@ def test_a_unit_is_claimed_with_places_for_all_its_rows_or_some_for_claim_wait_s
             assert await claimed_within(e, 0.2)
             e.waiting = 1  # a row of this worker waits: no place
             assert e.places() == 0
+            e.waiting = 0
+            # This engine serving a row of its own while the ranks have room: no claim (a rank
+            # claims a unit itself rather than wait for a prefill on a busy engine) ...
+            e.serving_here = 1
+            assert e.places() == 0
+            # ... but with the ranks full, its 4 - 1 = 3 places here.
+            ranks(6, 6)
+            r._refresh()
+            assert e.places() == 3
         finally:
             r.close()
 
