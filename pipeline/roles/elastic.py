@@ -153,12 +153,21 @@ class ElasticDecode:
         self.handoff_at = time.monotonic()
 
         def ended(_: asyncio.Task) -> None:
+            self.row_ending(counted=request_id in self.serving)  # DecodeServer pops it first
             self.handoff_kv.pop(request_id, None)
             self.load_changed()
 
         task.add_done_callback(ended)
         self.is_full()
         self.load_changed()
+
+    def row_ending(self, counted: bool) -> None:
+        """A row of this rank ends (``counted``: still in :meth:`load`): if the rank was full with
+        it, ``pools.elastic_idle_s`` counts from now, not from the last time :meth:`has_room`
+        was asked (up to 0.5 s before: a rank claimed a unit 0.6 s after its rows ended, beside
+        a prefill worker's hand-offs to it)."""
+        if self.load()["decoding"] + (not counted) >= full_rows(self.cfg):
+            self.full_at = time.monotonic()
 
     def is_full(self) -> bool:
         """Whether this rank decodes :func:`full_rows` rows or more, or its KV in flight reaches
@@ -207,6 +216,7 @@ class ElasticDecode:
             try:
                 return await serve_row(p)
             finally:
+                self.row_ending(counted=True)
                 self.own_rows, self.own_kv = self.own_rows - 1, self.own_kv - need
                 self.load_changed()
                 served += 1

@@ -286,8 +286,15 @@ class DecodeRouter(Announcing):
             # hashing: when a worker dies, only its prefixes move), whose prefix cache then
             # already holds the shared blocks and takes less KV over NIXL.
             return max(fits, key=lambda r: hashlib.blake2b(f"{r}/{route}".encode(), digest_size=8).digest())
-        if self.row_cap:  # pools.elastic: a rank decoding fewer rows than its cap first
-            fits = {r for r in fits if self.load(r)[0] < self.row_cap} or fits
+        if self.row_cap:  # pools.elastic: a rank decoding fewer rows than its cap first, packed
+            below = {r for r in fits if self.load(r)[0] < self.row_cap}
+            room = {r for r in below if not self.capacity.get(r) or self.load(r)[1] + kv_tokens <= self.capacity[r]}
+            if room:
+                # The one decoding the most rows: a unit's hand-offs fill one rank, the others keep
+                # room for a whole unit of their own (ClaimGate). Spread over 3 ranks (test Slurm),
+                # a unit's 4 rows left each short of a unit, and the prefill worker idled 100 s.
+                return max(room, key=lambda r: (self.load(r)[0], -r))
+            fits = below or fits
         if all(self.capacity.get(r) for r in fits):
             # Least loaded by KV: (tokens in flight + this request's) / capacity, tokens in
             # flight as the rank published them or this worker's hand-offs to it (load); ties by rank.

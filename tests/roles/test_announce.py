@@ -25,8 +25,8 @@ SECRET = b"k" * 32
 
 
 def test_an_announced_handoff_counts_on_its_rank_from_the_announcement_to_the_handoff(tmp_path):
-    """Rank 0 published 3 rows and 3,000 KV tokens, rank 1 nothing; a 1,000-token row is
-    announced: (0 + 1000) / 8192 < (3000 + 1000) / 8192 -> rank 1, which receives the
+    """Rank 0 published 3 rows (the row cap, 3) and 3,000 KV tokens, rank 1 nothing; a
+    1,000-token row is announced: rank 1, the one below the cap, which receives the
     announcement, and which this router counts at 1 row, 1,000 tokens until the row is withdrawn
     (rank 1 receives the withdrawal) or handed off (to rank 1, without a new choice: rank 1
     then publishing 1 row and 1,000 tokens more than rank 0 would not move it)."""
@@ -40,7 +40,7 @@ def test_an_announced_handoff_counts_on_its_rank_from_the_announcement_to_the_ha
             run.publish_decode(rank, f"tcp://127.0.0.1:{port}", f"decode-{rank}@x", 8192,
                                decoding=3 * (rank == 0), kv_tokens_inflight=3000 * (rank == 0))
         c = DecodeRouter(run, timeout_s=30, dead_after_s=30, secret=SECRET, ack_timeout_s=5)
-        c.row_cap = 4
+        c.row_cap = 3
 
         async def received(rank: int):
             return decode(verify(SECRET, (await asyncio.wait_for(servers[rank].recv_multipart(), 5))[1]))

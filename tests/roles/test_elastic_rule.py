@@ -296,14 +296,20 @@ def test_a_decode_rank_claims_units_only_while_no_hand_off_reaches_it():
         await asyncio.sleep(0.35)
         assert d.has_room()
         task = asyncio.create_task(asyncio.sleep(0.5))
-        d.serving["h1"] = task
+        d.serving["h1"] = task  # as DecodeServer._track: counted until its task ends
+        task.add_done_callback(lambda _: d.serving.pop("h1"))
         d.count_handoff("h1", 500, task)  # a hand-off arrives: 1 row of 4, not full
         assert not d.is_full() and not d.has_room()
         await asyncio.sleep(0.35)  # 0.3 s since it arrived, still decoding: room again
         assert d.has_room()
         d.own_rows = 3  # with 3 rows of its own units: 4 rows, full
         assert d.is_full() and not d.has_room()
-        await task
+        await asyncio.sleep(0.35)  # full all along, though nothing asked since
+        await task  # the hand-off ends: 3 rows, not full, and full until this moment ...
+        await asyncio.sleep(0)  # (its done-callback)
+        assert not d.is_full() and not d.has_room()  # ... so no claim before 0.3 s from now
+        await asyncio.sleep(0.35)
+        assert d.has_room()
     asyncio.run(go())
 
 

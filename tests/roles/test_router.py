@@ -68,9 +68,18 @@ def test_routes_by_the_load_each_rank_published_and_below_the_row_cap(tmp_path):
             c.inflight_tokens = {0: 4000}
             assert await c._pick(1, kv_tokens=1000) == 1
             c.inflight_tokens = {}
-            # Row cap 4: rank 0 decodes 4 rows, full; of ranks 1 and 2, rank 1 has less KV.
+            # Row cap 4: rank 0 decodes 4 rows, full; of ranks 1 and 2, rank 1 decodes more
+            # rows (1 against 0): packed there, so that rank 2 keeps room for a whole unit.
             c.row_cap = 4
             assert await c._pick(1, kv_tokens=1000) == 1
+            # Rank 2 at 2 rows: the most below the cap, though its KV share is the larger.
+            run.publish_decode(2, "tcp://127.0.0.1:20002", "decode-2@x", 8192, decoding=2, kv_tokens_inflight=5000)
+            c._refresh()
+            assert await c._pick(1, kv_tokens=1000) == 2
+            # ... unless the request's KV would not fit there: 5000 + 3500 > 8192, so rank 1.
+            assert await c._pick(1, kv_tokens=3500) == 1
+            run.publish_decode(2, "tcp://127.0.0.1:20002", "decode-2@x", 8192, decoding=0, kv_tokens_inflight=5000)
+            c._refresh()
             # Row cap 1: only rank 2 (0 rows) is below it.
             c.row_cap = 1
             assert await c._pick(1, kv_tokens=1000) == 2
