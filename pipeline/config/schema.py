@@ -200,7 +200,7 @@ class PoolsConfig:
     # pools.elastic: seconds a decode rank was neither full nor sent a hand-off before it claims a unit (damps flapping).
     # Longer than a prefill worker takes to see the rank's room and announce a hand-off there (the rank's load published
     # within 0.2 s, read when 0.25 s old, a claim and its first row's announcement: up to ~0.9 s here), so the freed
-    # room goes to one of them, not both; on GPUs the same path is a few tens of ms shorter, not less than half
+    # room goes to one of them, not both; the same path (file reads, one message) on GPU nodes: keep about 1 s there
     elastic_idle_s: float = 1.0
     # pools.elastic: seconds a prefill worker's row waits for a decode rank with room before its own engine serves it;
     # 0: at once. On the test Slurm a 2 s wait did not pay (2P:2D decode-heavy 212 s, against 192-243 s at 0, the

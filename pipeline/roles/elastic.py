@@ -255,9 +255,9 @@ class ElasticPrefill:
     taken is handed off all the same while a rank's KV cache has room (:meth:`overflows`); a
     row finding its kind's limit reached otherwise, or the decode pool full for less than
     ``elastic_wait_s``, waits (re-deciding every 0.5 s or
-    when a row of this worker ends); the worker claims its next unit only when a row of it
-    could start at once (:meth:`room`). A row whose hand-off failed with no decode rank left
-    alive is served here."""
+    when a row of this worker ends); the worker claims its next unit only when its rows could
+    start at once (:meth:`room`, :meth:`places`). A row whose hand-off failed with no decode
+    rank left alive is served here."""
 
     def __init__(self, cfg: Config, handoff: PrefillHandoff, local: ServeRow):
         self.cfg, self.handoff, self.local = cfg, handoff, local
