@@ -77,16 +77,22 @@ def decode_full(router: DecodeRouter, kv_tokens: int, rows: int, pending: int = 
     rows itself until one is back (a rank first seen counts as live for
     ``transport.decode_dead_after_s`` seconds, so this is not the start of a run). The ranks'
     records are read again first when older than 0.25 s (:meth:`DecodeRouter.fresh`)."""
+    return max(free_rows(router, kv_tokens, rows), default=0) <= pending
+
+
+def free_rows(router: DecodeRouter, kv_tokens: int, rows: int) -> list[int]:
+    """Per live, reachable decode rank whose KV cache has room for ``kv_tokens`` more tokens
+    (its KV in flight, :meth:`DecodeRouter.load`, plus these within its KV cache's tokens), the
+    rows it could take before it decodes ``rows`` (0 or more); the ranks' records read again
+    first when older than 0.25 s (:meth:`DecodeRouter.fresh`)."""
     router.fresh()
-    reachable = router.reachable()
-    if not reachable:
-        return True
-    for r in reachable:
+    out = []
+    for r in router.reachable():
         load_rows, kv = router.load(r)
         cap = router.capacity.get(r)
-        if load_rows + pending < rows and not (cap and kv + kv_tokens > cap):
-            return False
-    return True
+        if not (cap and kv + kv_tokens > cap):
+            out.append(max(0, rows - load_rows))
+    return out
 
 
 class ElasticDecode:
@@ -285,10 +291,6 @@ class ElasticPrefill:
             await asyncio.sleep(0.1)
         return True
 
-    def can_start(self) -> bool:
-        """Whether a new row (of the last row's KV need) would start now (:meth:`places`)."""
-        return self.places() > 0
-
     def places(self) -> int:
         """New rows (each of the last row's KV need) that would start now, by the rule they
         will meet: handed off while a decode rank has room (up to this worker's free hand-off
@@ -301,15 +303,8 @@ class ElasticPrefill:
         here = self.limit - self.serving_here
         if self.last_here:
             return here
-        router = self.handoff.router
-        router.fresh()
-        pending, decode_room = self._pending(), 0
-        for r in router.reachable():
-            load_rows, kv = router.load(r)
-            cap = router.capacity.get(r)
-            if not (cap and kv + self.last_need > cap):
-                decode_room += max(0, self.rows_full - load_rows)
-        decode_room = max(0, decode_room - pending)
+        free = free_rows(self.handoff.router, self.last_need, self.rows_full)
+        decode_room = max(0, sum(free) - self._pending())
         if decode_room and self.serving_here:
             # A rank's room waits for a hand-off's KV as long as the prefill takes, and on an
             # engine decoding rows of its own that is longer than on the rank's own engine: the

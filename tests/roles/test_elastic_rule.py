@@ -112,7 +112,7 @@ def test_a_row_waits_for_a_full_decode_pool_before_its_prefill_worker_serves_it(
 
 
 def test_a_prefill_worker_claims_its_next_unit_only_when_a_row_of_it_could_start(tmp_path):
-    """ElasticPrefill.room, the worker's keep_claiming: a row places free in all (the worker's 2 x
+    """ElasticPrefill.room, the worker's keep_claiming (by ElasticPrefill.places): a row places free in all (the worker's 2 x
     batch_rows) is not enough; the new unit's rows must be able to start at once, by the rule
     they will meet (handed off while a decode rank has room, here while every rank is full), else
     the unit waits for a worker or a decode rank that can start it. Measured on the test Slurm
@@ -143,18 +143,18 @@ def test_a_prefill_worker_claims_its_next_unit_only_when_a_row_of_it_could_start
             # max(1 published, 4 in flight) = 4 < 8 rows: room, so a new row would be handed off
             # and wait for a place: no claim, though no row is served here (4 local places).
             handing_off(4)
-            assert not e.can_start()
+            assert not e.places() > 0
             handing_off(3)  # a hand-off place free, the rank has room
-            assert e.can_start()
+            assert e.places() > 0
             # The rank full (8 rows): a new row is served here, while a local place is free.
             run.publish_decode(0, "tcp://127.0.0.1:21000", "decode-0@x", 8192, decoding=8, kv_tokens_inflight=900)
             r._refresh()
             e.serving_here = 4
-            assert not e.can_start()
+            assert not e.places() > 0
             e.serving_here = 3
-            assert e.can_start()
+            assert e.places() > 0
             e.waiting = 1  # a row of this worker already waits: its unit first
-            assert not e.can_start()
+            assert not e.places() > 0
             e.waiting = 0
             # Room at the rank again, hand-off places full: the last row mostly prefill means
             # the next is likely served here too, so the local place counts.
@@ -162,12 +162,12 @@ def test_a_prefill_worker_claims_its_next_unit_only_when_a_row_of_it_could_start
             r._refresh()
             handing_off(4)
             e.last_here = True
-            assert e.can_start()
+            assert e.places() > 0
             e.last_here = False
             # This engine serves 3 rows of its own and the rank has room: no claim to hand off
             # (the rank's room would wait on a prefill beside those rows: the rank claims).
             handing_off(3)
-            assert not e.can_start()
+            assert not e.places() > 0
             # room() waits while no row could start and returns once one could.
             handing_off(4)
             e.serving_here = 0
