@@ -38,8 +38,8 @@ SHARDS = ["part-00000.parquet", "part-00001.parquet", "part-00002.parquet"]
 def test_pools_rebalance_decode_takes_units_and_prefill_serves_rows_when_decode_is_full(tmp_path, colocated_run):
     run_dir, out = tmp_path / "run", tmp_path / "out"
     p = run_pipeline(*COMMON, f"job.input={SAMPLE}", f"job.output={out}", f"run.dir={run_dir}",
-                     "pools=disaggregated", "transport=nixl_push", "pools.elastic=true", "pools.elastic_idle_s=0.5", "pools.elastic_wait_s=0",
-                     "pools.elastic_decode_rows=1", "job.unit_rows=4",
+                     "pools=disaggregated", "transport=nixl_push", "pools.elastic=true", "pools.elastic_prefer=handoff", "pools.elastic_idle_s=0.5",
+                     "pools.elastic_wait_s=0", "pools.elastic_decode_rows=1", "job.unit_rows=4",
                      env={"PD_PIPELINE_INJECT_PREFILL_START_DELAY_S": "10"})
     assert p.returncode == 0, p.stderr[-4000:]
     assert "rows 24: 24 generated, 0 errors" in p.stdout, p.stdout

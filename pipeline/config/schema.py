@@ -179,7 +179,10 @@ class PoolsConfig:
     the KV its requests may reach fills its KV cache. A decode rank that has been neither full
     nor sent a hand-off for ``elastic_idle_s`` seconds claims work units as a prefill worker
     does and serves their rows in its own engine, prefill and decode (hand-offs join its
-    batches meanwhile); a prefill worker serves a row itself, prefill and decode, when every
+    batches meanwhile). A prefill worker (``elastic_prefer=local``, the default) serves its rows
+    itself, prefill and decode, while it has a place (``job.batch_rows``), and hands off a row
+    only when every place is taken (to a rank whose KV cache has room). With
+    ``elastic_prefer=handoff`` it serves a row itself only when every
     live decode rank has been full for that row (its rows, or its KV in flight plus the row's
     prompt and new tokens) for ``elastic_wait_s`` seconds, or when the
     row is mostly prefill (more than ``elastic_prompt_per_output`` prompt tokens per output
@@ -197,6 +200,15 @@ class PoolsConfig:
     decode: int = 1  # decode workers (disaggregated only)
     local_prefill_tokens: int = 0  # prompts shorter than this are prefilled on decode; 0: never
     elastic: bool = False  # disaggregated: an idle decode rank claims work units and serves them colocated
+    # pools.elastic: a prefill worker's rows, while it could do either. local: served in its own engine (prefill and
+    # decode) while it has a place, handed off only when every place there is taken; the worker claims a unit only
+    # for its own places (a decode rank with room claims one itself). handoff: handed off while a decode rank has
+    # room, served here when every rank has been full for elastic_wait_s. local by default: where both pools' engines
+    # are the same hardware (this machine, one GPU kind for both), a hand-off's prefill is never shorter than the
+    # rank's own and its KV waits on it (test Slurm, decode-heavy: handoff left the run 1.06-1.16x colocated's, a
+    # prefill worker prefilling a hand-off beside a unit of its own at the end); handoff where the prefill pool
+    # prefills faster than the decode ranks (its own GPUs or TP) or decode ITL is the point
+    elastic_prefer: str = "local"
     # pools.elastic: seconds a decode rank was neither full nor sent a hand-off before it claims a unit (damps flapping).
     # Longer than a prefill worker takes to see the rank's room and announce a hand-off there (the rank's load published
     # within 0.2 s, read when 0.25 s old, a claim and its first row's announcement: up to ~0.9 s here), so the freed
@@ -235,6 +247,8 @@ class PoolsConfig:
         _check(self.elastic_decode_rows >= 0, "pools.elastic_decode_rows", f"must be >= 0, got {self.elastic_decode_rows}")
         _check(self.elastic_idle_s >= 0, "pools.elastic_idle_s", f"must be >= 0, got {self.elastic_idle_s}")
         _check(self.elastic_wait_s >= 0, "pools.elastic_wait_s", f"must be >= 0, got {self.elastic_wait_s}")
+        _check(self.elastic_prefer in ("local", "handoff"), "pools.elastic_prefer",
+               f"must be local or handoff, got {self.elastic_prefer!r}")
         _check(self.elastic_claim_wait_s >= 0, "pools.elastic_claim_wait_s",
                f"must be >= 0, got {self.elastic_claim_wait_s}")
         _check(not self.elastic or self.mode != "colocated", "pools.elastic",

@@ -2,9 +2,11 @@
 longer sent hand-offs (:meth:`ElasticDecode.has_room`) claims work units as a prefill worker
 does and serves their rows colocated in its own engine (:class:`ElasticDecode`, a mixin of
 :class:`pipeline.roles.decode.DecodeServer`, whose ``run``, ``cfg``, ``worker``, ``engine``,
-``capacity``, ``serving`` (hand-offs in flight), ``taking`` and ``claims`` it uses); a prefill
-worker serves a row itself, prefill and decode, when every decode rank has been full for it for
-``pools.elastic_wait_s`` seconds (:class:`ElasticPrefill`, :func:`decode_full`).
+``capacity``, ``serving`` (hand-offs in flight), ``taking`` and ``claims`` it uses). A prefill
+worker (:class:`ElasticPrefill`) serves its rows itself, prefill and decode, while it has a place,
+and hands off those that find every place taken (``pools.elastic_prefer=local``, the default);
+or hands its rows off and serves one itself only when every decode rank has been full for it for
+``pools.elastic_wait_s`` seconds (``handoff``, :func:`decode_full`).
 
 Full (:func:`full_rows`): a decode rank decoding ``pools.elastic_decode_rows`` rows (default
 ``job.batch_rows``: more than one colocated worker keeps in flight), or whose KV in flight
@@ -252,7 +254,11 @@ class ElasticDecode:
 
 
 class ElasticPrefill:
-    """A prefill worker's rows under ``pools.elastic``: each is handed off (``handoff``) unless
+    """A prefill worker's rows under ``pools.elastic``. With ``pools.elastic_prefer=local`` each
+    is served by this worker's engine alone while it has a place (``job.batch_rows`` rows at
+    once), else handed off to a decode rank whose KV cache has room (:meth:`overflows`), else it
+    waits for a place; the worker claims its next unit when its own places could start the
+    unit's rows. With ``handoff``, each is handed off (``handoff``) unless
     it is mostly prefill (:func:`mostly_prefill`), or every live decode rank has been full for
     it (:func:`decode_full`) for ``pools.elastic_wait_s`` seconds, or no decode rank is left
     alive; then this worker's engine serves it alone (``local``:
@@ -270,6 +276,7 @@ class ElasticPrefill:
         handoff.no_retry_without_decode = True  # a row whose decode rank was lost, none left: served here
         handoff.announce = True  # each hand-off's rank named before its prefill (pipeline.roles.announce)
         self.limit, self.rows_full = cfg.job.batch_rows, full_rows(cfg)
+        self.local_first = cfg.pools.elastic_prefer == "local"
         handoff.router.row_cap = self.rows_full  # a hand-off to a rank not full while one is
         self.handing_off = self.serving_here = self.waiting = 0
         self.gate = ClaimGate(cfg.pools.elastic_claim_wait_s)
@@ -285,7 +292,7 @@ class ElasticPrefill:
         by the last unit's rows starting are not enough: a unit claimed with every place of both
         kinds taken waited 18 s on a busy worker while another idled, measured on the test
         Slurm.)"""
-        want = min(2 * self.limit, unit_rows(self.handoff.router.run))
+        want = min(self.limit * (1 if self.local_first else 2), unit_rows(self.handoff.router.run))
         await asyncio.sleep(0.05)  # the rows just started reach their choice first
         while not self.gate.ready(self.places(), want):
             await asyncio.sleep(0.1)
@@ -297,11 +304,13 @@ class ElasticPrefill:
         places and the decode ranks' free rows, :func:`full_rows` each), then, the ranks full,
         served here (this engine's free places); a row mostly prefill (the last one was), here
         only. None while a row of this worker waits: its unit first. None either while a rank
-        has room and this engine serves rows of its own: the rank claims a unit itself (below)."""
+        has room and this engine serves rows of its own: the rank claims a unit itself (below).
+        With ``pools.elastic_prefer=local``, this engine's free places alone (a rank with room
+        claims a unit itself)."""
         if self.waiting:
             return 0
         here = self.limit - self.serving_here
-        if self.last_here:
+        if self.last_here or self.local_first:
             return here
         free = free_rows(self.handoff.router, self.last_need, self.rows_full)
         decode_room = max(0, sum(free) - self._pending())
@@ -349,7 +358,8 @@ class ElasticPrefill:
         need, full_since = row_kv_tokens(self.cfg, p), None
         self.last_need, self.last_here = need, mostly_prefill(self.cfg, p)
         while True:
-            here, full_since = self.here(p, need, full_since)
+            # elastic_prefer=local: every row is for this engine, handed off only if it overflows.
+            here, full_since = (True, None) if self.local_first else self.here(p, need, full_since)
             if here and self.serving_here < self.limit:
                 self.serving_here += 1
                 try:

@@ -83,7 +83,8 @@ def test_a_row_waits_for_a_full_decode_pool_before_its_prefill_worker_serves_it(
     from pipeline.io.prompts import Prompt
     from pipeline.roles.elastic import ElasticPrefill
 
-    cfg = compose(["+job=summarize", "pools=disaggregated", "pools.elastic=true", "pools.elastic_wait_s=0.3",
+    cfg = compose(["+job=summarize", "pools=disaggregated", "pools.elastic=true",
+                   "pools.elastic_prefer=handoff", "pools.elastic_wait_s=0.3",
                    "pools.elastic_decode_rows=4", "job.sampling.max_new_tokens=64"])
     run = RunDir(tmp_path)
     run.publish_decode(0, "tcp://127.0.0.1:21000", "decode-0@x", 8192, decoding=4, kv_tokens_inflight=1000)
@@ -123,7 +124,8 @@ def test_a_prefill_worker_claims_its_next_unit_only_when_a_row_of_it_could_start
     from pipeline.config import compose
     from pipeline.roles.elastic import ElasticPrefill
 
-    cfg = compose(["+job=summarize", "pools=disaggregated", "pools.elastic=true", "pools.elastic_wait_s=0",
+    cfg = compose(["+job=summarize", "pools=disaggregated", "pools.elastic=true",
+                   "pools.elastic_prefer=handoff", "pools.elastic_wait_s=0",
                    "pools.elastic_decode_rows=8", "job.batch_rows=4", "job.sampling.max_new_tokens=64",
                    "pools.elastic_claim_wait_s=0"])
     run = RunDir(tmp_path)
@@ -197,7 +199,8 @@ def test_a_unit_is_claimed_with_places_for_all_its_rows_or_some_for_claim_wait_s
     from pipeline.roles.work import ClaimGate, unit_rows
     from pipeline.runtime.heartbeat import Heartbeat
 
-    cfg = compose(["+job=summarize", "pools=disaggregated", "pools.elastic=true", "pools.elastic_wait_s=0",
+    cfg = compose(["+job=summarize", "pools=disaggregated", "pools.elastic=true",
+                   "pools.elastic_prefer=handoff", "pools.elastic_wait_s=0",
                    "pools.elastic_decode_rows=6", "job.batch_rows=4", "job.sampling.max_new_tokens=64",
                    "pools.elastic_claim_wait_s=0.4", "pools.elastic_idle_s=0"])
     run = RunDir(tmp_path)
@@ -373,7 +376,8 @@ def test_a_row_for_a_busy_prefill_worker_goes_to_a_rank_with_kv_room_rather_than
     from pipeline.io.prompts import Prompt
     from pipeline.roles.elastic import ElasticPrefill
 
-    cfg = compose(["+job=summarize", "pools=disaggregated", "pools.elastic=true", "pools.elastic_wait_s=0",
+    cfg = compose(["+job=summarize", "pools=disaggregated", "pools.elastic=true",
+                   "pools.elastic_prefer=handoff", "pools.elastic_wait_s=0",
                    "pools.elastic_decode_rows=4", "job.batch_rows=4", "job.sampling.max_new_tokens=64"])
     run = RunDir(tmp_path)
     # Rank 0: full by rows (4 >= 4), 1,000 of its 8,192 KV tokens taken.
