@@ -121,7 +121,7 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from tools.bench_parts.e2e.configs import CONFIGS, PARTS, WORKLOADS, selected  # noqa: E402
+from tools.bench_parts.e2e.configs import CONFIGS, PARTS, WORKLOADS, run_order, selected  # noqa: E402
 from tools.bench_parts.e2e.inputs import build_workloads  # noqa: E402
 from tools.bench_parts.e2e.processes import with_retry  # noqa: E402
 from tools.bench_parts.e2e.report import report  # noqa: E402
@@ -156,6 +156,10 @@ def main(argv: list[str] | None = None) -> int:
                          "disaggelastic (pools.elastic=true; with coloc2 and disagg on --workloads prefill,decode,mixed,skewed: "
                          "section 2g, issue #40), slurm (the same on the 4-node test Slurm from 1P:3D, 2P:2D, 3P:1D: section 2h); "
                          "those after disagg are not in the default")
+    ap.add_argument("--order", choices=("fixed", "reverse", "rotate"), default="fixed",
+                    help="the configurations' order in each repeat: fixed (the bench's own, colocated first), reverse, or "
+                         "rotate (one place later each repeat; with --repeats N for N configurations each runs once in "
+                         "every place) (default fixed)")
     ap.add_argument("--workloads", default="uniform,mixed",
                     help="for coloc2/disagg*: uniform, mixed, long, and the elastic part's prefill, decode, skewed "
                          "(default uniform,mixed)")
@@ -215,7 +219,7 @@ def main(argv: list[str] | None = None) -> int:
     results: dict[str, list[dict]] = {n: [] for n in names}
     failures: list[dict] = []
     for rep in range(args.repeats):
-        for n in names:
+        for n in run_order(names, rep, args.order):
             w = wl[CONFIGS[n][1]]
             quiet = wait_quiet(args.quiet_wait_s, args.quiet_below) if args.quiet_wait_s > 0 else {}
             t = time.time()

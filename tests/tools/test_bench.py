@@ -53,3 +53,15 @@ def test_one_run_figures_and_the_report(tmp_path, monkeypatch):
     assert "| stalls > threshold | - | 2 | - |" in text
     assert "| uniform | 3 | 10.0 / 10.0 / 10.0 |" in text
     assert facts["uniform"]["disagg_prefill_stalls"] == 2
+
+
+def test_the_configurations_order_per_repeat():
+    """--order: by hand, three configurations over three repeats."""
+    from tools.bench_parts.e2e.configs import run_order
+
+    names = ["a", "b", "c"]
+    assert [run_order(names, r, "fixed") for r in range(2)] == [names, names]
+    assert run_order(names, 1, "reverse") == ["c", "b", "a"]
+    rotated = [run_order(names, r, "rotate") for r in range(3)]
+    assert rotated == [["a", "b", "c"], ["b", "c", "a"], ["c", "a", "b"]]
+    assert all(sorted(place) == names for place in zip(*rotated))  # each once in every place

@@ -82,6 +82,20 @@ def selected(parts: set[str], workloads: set[str]) -> list[str]:
             if (part in parts or n.split("-")[0] in parts) and (n in ("raw", "coloc1") or w in workloads)]
 
 
+def run_order(names: list[str], rep: int, order: str) -> list[str]:
+    """The configurations ``names`` in the order repeat ``rep`` (0-based) runs them (``--order``):
+    ``fixed`` as given; ``reverse`` last first; ``rotate`` starting ``rep`` places later each
+    repeat, so that over ``len(names)`` repeats each runs once in every place. On a machine whose
+    speed drifts during a set, the order alone moved one layout's engine step by up to 1.3x
+    against another's (BENCHMARKS.md, "Whole units")."""
+    if order == "reverse":
+        return names[::-1]
+    if order == "rotate" and names:
+        k = rep % len(names)
+        return names[k:] + names[:k]
+    return list(names)
+
+
 def base_overrides(args: argparse.Namespace, input_dir: str) -> list[str]:
     """Overrides every configuration shares: the job, its input, output length and dtype."""
     workload = Path(input_dir).name
