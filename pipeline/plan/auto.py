@@ -71,6 +71,11 @@ class PoolChoice:
                 + "".join(f"\n  note: {n}" for n in self.notes))
 
 
+# What a prefill worker does under pools.elastic, by pools.elastic_prefer (pipeline.roles.elastic).
+_ELASTIC_PREFILL = {"local": "serve their rows themselves while they have places and hand off the rest",
+                    "handoff": "hand their rows off and serve rows alone while every decode rank is full"}
+
+
 def local_prefill_threshold(model: ModelShape, hw: Hardware, max_tokens: int, prefill_tp: int = 1,
                             decode_tp: int = 1) -> int:
     """The prompt length (tokens) under which computing a prompt's KV on the decode worker
@@ -155,11 +160,11 @@ def choose_pools(cfg: Config, shards: list, total_rows: int) -> tuple[Config, Po
         at = f" (predicted makespan {predicted:.0f} s)" if predicted is not None else ""
         choice.notes.append(
             f"pools.elastic: this split is a starting point{at}: decode ranks with room take work units and prefill "
-            f"workers serve rows alone while every decode rank is full, so the pools follow the run's real output "
+            f"workers {_ELASTIC_PREFILL[cfg.pools.elastic_prefer]}, so the pools follow the run's real output "
             f"lengths" if cfg.pools.elastic else
             f"the split is fixed for the run{at}; with pools.elastic=true it is a starting point that the pools "
-            f"rebalance from at run time (decode ranks with room take work, prefill workers serve rows alone while "
-            f"decode is full)")
+            f"rebalance from at run time (decode ranks with room take work units, prefill workers "
+            f"{_ELASTIC_PREFILL[cfg.pools.elastic_prefer]})")
     pools = dataclasses.replace(cfg.pools, mode=choice.mode, prefill=choice.prefill, decode=choice.decode,
                                 local_prefill_tokens=choice.local_prefill_tokens)
     return dataclasses.replace(cfg, pools=pools), choice

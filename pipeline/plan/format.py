@@ -74,7 +74,8 @@ def format_plan(p: Plan) -> str:
     if p.recommendation == "disaggregated":
         lines.append("note: a split is the plan's guess from prompts and max output lengths; with pools.elastic=true "
                      "the pipeline takes it as a starting point and rebalances at run time (decode ranks with room take "
-                     "work units; prefill workers serve rows alone while every decode rank is full)")
+                     "work units; prefill workers serve their rows themselves while they have places, or, with "
+                     "pools.elastic_prefer=handoff, while every decode rank is full)")
     if p.colocated.rows_in_flight is not None and wl.rate is None:
         lines.append(f"note: {p.colocated.rows_in_flight} rows in flight per prefill or colocated worker "
                      f"(--batch-rows, the pipeline's job.batch_rows)")
