@@ -1,6 +1,9 @@
 """Elastic pools (issue #40: roles as preferences), on real engines and NIXL.
 
-A 1P:1D push run with ``pools.elastic=true`` and ``pools.elastic_decode_rows=1`` (a decode rank
+A 1P:1D push run with ``pools.elastic=true``, ``pools.elastic_prefer=handoff`` (hand-offs first,
+the rule for a prefill pool faster than its decode ranks; the default, ``local``, runs in the
+fault test below and, without engines, in tests/roles/test_elastic_prefer.py) and
+``pools.elastic_decode_rows=1`` (a decode rank
 decoding one row is full) over the sample split into six units of 4 rows (``job.unit_rows=4``),
 whose prefill worker claims its first unit and then comes up 10 s late
 (``PD_PIPELINE_INJECT_PREFILL_START_DELAY_S``, on top of its engine's start): its pool runs
@@ -79,7 +82,7 @@ def test_a_decode_rank_lost_with_its_units_leaves_them_to_a_prefill_worker(tmp_p
     """Faults (issue #40): the decode rank claims units while the prefill worker comes up 10 s
     late, and is killed (SIGKILL, ``PD_PIPELINE_INJECT_DECODE_KILL_AFTER_ROWS=2``) once it has
     served 2 rows of them: a decode rank lost while it serves claimed units, the run's only one.
-    The prefill worker serves rows alone (no decode rank left) and ends when nothing is left to
+    The prefill worker (``pools.elastic_prefer=local``, the default) serves rows alone and ends when nothing is left to
     claim but the lost rank's units, whose claims still look alive; once they do not (60 s), the
     launcher starts array task 0 again, which takes them over and serves them alone. Checked:
     exit status 0, every row once and equal to the colocated run (float32), every row of the

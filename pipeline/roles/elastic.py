@@ -348,9 +348,15 @@ class ElasticPrefill:
         wait here: the row cap is a preference, the KV cache the limit. Not a row mostly prefill.
         A row that waited on a busy worker while a rank could decode it made the run's tail:
         measured on the test Slurm (nodes capped at 0.5 cores, decode-heavy, 2P:2D), 4 rows
-        waited 28 s for a place and then took a wave of their own, 112 s against 87 s colocated."""
+        waited 28 s for a place and then took a wave of their own, 112 s against 87 s colocated.
+        With ``pools.elastic_prefer=local``, only to a rank below the row cap (:func:`full_rows`):
+        there ranks serve units of their own, at the cap while they do, and rows handed to them
+        beyond it made the run's tail (test Slurm, capped, skewed output lengths, 3P:1D: the one
+        decode rank took 8 overflowing rows beside its own 8 and ended 9-35 s after the prefill
+        workers), while this worker's own places free within its claim."""
+        rows = self.rows_full if self.local_first else sys.maxsize
         return (not mostly_prefill(self.cfg, p) and self.serving_here >= self.limit
-                and not decode_full(self.handoff.router, need, sys.maxsize, self._pending()))
+                and not decode_full(self.handoff.router, need, rows, self._pending()))
 
     async def serve(self, p: Prompt) -> RowResult:
         """The row's generation (or error row); raises what

@@ -61,7 +61,12 @@ def test_a_prefill_worker_serves_its_rows_itself_and_hands_off_only_what_overflo
             served.append(asyncio.create_task(e.serve(rows[2])))
             await asyncio.sleep(0.1)
             assert went["r2"] == "handoff"
-            # The rank's KV cache full (8,100 + 164 > 8,192): the fourth row waits for a place here.
+            # The rank at its row cap (4 rows: its own unit's), its KV cache with room (1,000 +
+            # 164 <= 8,192): the fourth row waits for a place here, as it does with the KV cache
+            # full (8,100 + 164 > 8,192) below the cap.
+            run.publish_decode(0, "tcp://127.0.0.1:21000", "decode-0@x", 8192, decoding=4, kv_tokens_inflight=1000)
+            r._refresh()
+            assert not e.overflows(rows[3], 164)
             run.publish_decode(0, "tcp://127.0.0.1:21000", "decode-0@x", 8192, decoding=1, kv_tokens_inflight=8100)
             r._refresh()
             served.append(asyncio.create_task(e.serve(rows[3])))
