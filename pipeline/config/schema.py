@@ -181,7 +181,7 @@ class PoolsConfig:
     does and serves their rows in its own engine, prefill and decode (hand-offs join its
     batches meanwhile). A prefill worker (``elastic_prefer=local``, the default) serves its rows
     itself, prefill and decode, while it has a place (``job.batch_rows``), and hands off a row
-    only when every place is taken (to a rank whose KV cache has room). With
+    only when every place is taken (to a rank below its row cap whose KV cache has room). With
     ``elastic_prefer=handoff`` it serves a row itself only when every
     live decode rank has been full for that row (its rows, or its KV in flight plus the row's
     prompt and new tokens) for ``elastic_wait_s`` seconds, or when the
@@ -205,9 +205,9 @@ class PoolsConfig:
     # for its own places (a decode rank with room claims one itself). handoff: handed off while a decode rank has
     # room, served here when every rank has been full for elastic_wait_s. local by default: where both pools' engines
     # are the same hardware (this machine, one GPU kind for both), a hand-off's prefill is never shorter than the
-    # rank's own and its KV waits on it (test Slurm, decode-heavy: handoff left the run 1.06-1.16x colocated's, a
-    # prefill worker prefilling a hand-off beside a unit of its own at the end); handoff where the prefill pool
-    # prefills faster than the decode ranks (its own GPUs or TP) or decode ITL is the point
+    # rank's own and its KV waits on it (test Slurm, decode-heavy: handoff left the run 1.06-1.21x colocated's, a
+    # prefill worker prefilling a hand-off beside a unit of its own at the end; local 1.00-1.01x); handoff where the
+    # prefill pool prefills faster than the decode ranks (its own GPUs or TP) or decode ITL is the point
     elastic_prefer: str = "local"
     # pools.elastic: seconds a decode rank was neither full nor sent a hand-off before it claims a unit (damps flapping).
     # Longer than a prefill worker takes to see the rank's room and announce a hand-off there (the rank's load published
