@@ -214,7 +214,7 @@ class PoolsConfig:
     # within 0.2 s, read when 0.25 s old, a claim and its first row's announcement: up to ~0.9 s here), so the freed
     # room goes to one of them, not both; the same path (file reads, one message) on GPU nodes: keep about 1 s there
     elastic_idle_s: float = 1.0
-    # pools.elastic: seconds a prefill worker's row waits for a decode rank with room before its own engine serves it;
+    # pools.elastic_prefer=handoff: seconds a prefill worker's row waits for a decode rank with room before its own engine serves it;
     # 0: at once. On the test Slurm a 2 s wait did not pay (2P:2D decode-heavy 212 s, against 192-243 s at 0, the
     # spread of one configuration there; BENCHMARKS.md); on GPUs, where a row decoded on a prefill engine slows every
     # prefill there, a few seconds (a heartbeat period, 2) keep rows on the hand-off path while decode ranks free rows
