@@ -257,9 +257,8 @@ class ElasticPrefill:
     """A prefill worker's rows under ``pools.elastic``. With ``pools.elastic_prefer=local`` each
     is served by this worker's engine alone while it has a place (``job.batch_rows`` rows at
     once), else handed off to a decode rank below its row cap whose KV cache has room
-    (:meth:`overflows`), else it
-    waits for a place; the worker claims its next unit when its own places could start the
-    unit's rows. With ``handoff``, each is handed off (``handoff``) unless
+    (:meth:`overflows`), else it waits for a place; the worker claims its next unit when its own
+    places could start the unit's rows. With ``handoff``, each is handed off (``handoff``) unless
     it is mostly prefill (:func:`mostly_prefill`), or every live decode rank has been full for
     it (:func:`decode_full`) for ``pools.elastic_wait_s`` seconds, or no decode rank is left
     alive; then this worker's engine serves it alone (``local``:

@@ -1,6 +1,6 @@
 """``pools.elastic_prefer=local`` (the default; issue #40): a prefill worker serves its rows in
 its own engine while it has a place, hands off a row only when every place there is taken (to
-a decode rank whose KV cache has room), and claims a unit only for its own places, leaving a
+a decode rank below its row cap whose KV cache has room), and claims a unit only for its own places, leaving a
 decode rank with room to claim one itself. Measured before, with hand-offs first (test Slurm,
 decode-heavy, nodes capped at half a core): an idle prefill worker handed a unit off and then
 prefilled a unit of its own beside it, and ended 20-26 s after every other engine.
