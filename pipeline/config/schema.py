@@ -181,7 +181,8 @@ class PoolsConfig:
     does and serves their rows in its own engine, prefill and decode (hand-offs join its
     batches meanwhile). A prefill worker (``elastic_prefer=local``, the default) serves its rows
     itself, prefill and decode, while it has a place (``job.batch_rows``), and hands off a row
-    only when every place is taken (to a rank below its row cap whose KV cache has room). With
+    only when every place is taken and no unit is left to claim (to a rank below its row cap
+    whose KV cache has room). With
     ``elastic_prefer=handoff`` it serves a row itself only when every
     live decode rank has been full for that row (its rows, or its KV in flight plus the row's
     prompt and new tokens) for ``elastic_wait_s`` seconds, or when the

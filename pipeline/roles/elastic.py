@@ -25,6 +25,7 @@ import os
 import signal
 import sys
 import time
+from collections.abc import Callable
 
 from pipeline.config import Config
 from pipeline.engine.model import load_tokenizer
@@ -256,8 +257,9 @@ class ElasticDecode:
 class ElasticPrefill:
     """A prefill worker's rows under ``pools.elastic``. With ``pools.elastic_prefer=local`` each
     is served by this worker's engine alone while it has a place (``job.batch_rows`` rows at
-    once), else handed off to a decode rank below its row cap whose KV cache has room
-    (:meth:`overflows`), else it waits for a place; the worker claims its next unit when its own
+    once), else, once no unit is left to claim (``units_left`` false), handed off to a decode
+    rank below its row cap whose KV cache has room (:meth:`overflows`), else it waits for a
+    place; the worker claims its next unit when its own
     places could start the unit's rows. With ``handoff``, each is handed off (``handoff``) unless
     it is mostly prefill (:func:`mostly_prefill`), or every live decode rank has been full for
     it (:func:`decode_full`) for ``pools.elastic_wait_s`` seconds, or no decode rank is left
@@ -271,8 +273,8 @@ class ElasticPrefill:
     start at once (:meth:`room`, :meth:`places`). A row whose hand-off failed with no decode
     rank left alive is served here."""
 
-    def __init__(self, cfg: Config, handoff: PrefillHandoff, local: ServeRow):
-        self.cfg, self.handoff, self.local = cfg, handoff, local
+    def __init__(self, cfg: Config, handoff: PrefillHandoff, local: ServeRow, units_left: Callable[[], bool] = bool):
+        self.cfg, self.handoff, self.local, self.units_left = cfg, handoff, local, units_left
         handoff.no_retry_without_decode = True  # a row whose decode rank was lost, none left: served here
         handoff.announce = True  # each hand-off's rank named before its prefill (pipeline.roles.announce)
         self.limit, self.rows_full = cfg.job.batch_rows, full_rows(cfg)
@@ -353,9 +355,12 @@ class ElasticPrefill:
         there ranks serve units of their own, at the cap while they do, and rows handed to them
         beyond it made the run's tail (test Slurm, capped, skewed output lengths, 3P:1D: the one
         decode rank took 8 overflowing rows beside its own 8 and ended 9-35 s after the prefill
-        workers), while this worker's own places free within its claim."""
+        workers), while this worker's own places free within its claim; and only once no unit
+        is left to claim (``units_left``), else a rank claims one itself: rows handed off before
+        made the tail (mixed lengths, 2P:2D, 3P:1D: ranks took 16-19 rows, prefill workers 8-12)."""
         rows = self.rows_full if self.local_first else sys.maxsize
         return (not mostly_prefill(self.cfg, p) and self.serving_here >= self.limit
+                and not (self.local_first and self.units_left())
                 and not decode_full(self.handoff.router, need, rows, self._pending()))
 
     async def serve(self, p: Prompt) -> RowResult:

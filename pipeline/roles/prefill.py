@@ -57,7 +57,9 @@ async def _prefill(run: RunDir, task: int, limit: int | None, cpus: str | None) 
                                  run.sample_lists())
         serve, rows, room = handoff.serve, cfg.job.batch_rows, (lambda: True)
         if cfg.pools.elastic:  # rows served here when the decode pool is full, beside the hand-offs
-            elastic = ElasticPrefill(cfg, handoff, colocated_serve(cfg, engine, worker, run.sample_lists()))
+            units = len(run.units())
+            elastic = ElasticPrefill(cfg, handoff, colocated_serve(cfg, engine, worker, run.sample_lists()),
+                                     units_left=lambda: not claims.all_claimed(units))
             serve, rows, room = elastic.serve, rows * 2, elastic.room
         await own_shards(run, cfg, claims, worker, load_tokenizer(cfg), serve, limit, keep_claiming=room,
                          batch_rows=rows)

@@ -1,6 +1,6 @@
 """``pools.elastic_prefer=local`` (the default; issue #40): a prefill worker serves its rows in
-its own engine while it has a place, hands off a row only when every place there is taken (to
-a decode rank below its row cap whose KV cache has room), and claims a unit only for its own places, leaving a
+its own engine while it has a place, hands off a row only when every place there is taken and no
+unit is left to claim (to a decode rank below its row cap whose KV cache has room), and claims a unit only for its own places, leaving a
 decode rank with room to claim one itself. Measured before, with hand-offs first (test Slurm,
 decode-heavy, nodes capped at half a core): an idle prefill worker handed a unit off and then
 prefilled a unit of its own beside it, and ended 20-26 s after every other engine.
@@ -45,8 +45,9 @@ def test_a_prefill_worker_serves_its_rows_itself_and_hands_off_only_what_overflo
     async def go():
         r = DecodeRouter(run, timeout_s=5, dead_after_s=30, secret=b"k" * 32)
         try:
+            left = [True]  # a unit of the run is still unclaimed
             e = ElasticPrefill(cfg, SimpleNamespace(router=r, serve=lambda p: way("handoff", p)),
-                               local=lambda p: way("here", p))
+                               local=lambda p: way("here", p), units_left=lambda: left[0])
             e.last_need = 164
             # Idle, with the rank's room: both of this engine's places (batch_rows 2) count, and
             # only they (not the rank's 4 free rows: the rank claims a unit itself).
@@ -57,9 +58,14 @@ def test_a_prefill_worker_serves_its_rows_itself_and_hands_off_only_what_overflo
             assert went == {"r0": "here", "r1": "here"}
             # Every place here taken: no claim, whatever room the rank has.
             assert e.places() == 0
-            # A third row overflows: 0 + 164 <= 8,192 KV tokens at rank 0, so it is handed off.
+            # A third row finds every place here taken. While a unit is left to claim, it waits
+            # (the rank with room claims that unit itself); once none is, it overflows: 0 + 164
+            # <= 8,192 KV tokens at rank 0, below its cap, so it is handed off.
             served.append(asyncio.create_task(e.serve(rows[2])))
-            await asyncio.sleep(0.1)
+            await asyncio.sleep(0.3)
+            assert "r2" not in went and e.waiting == 1
+            left[0] = False
+            await asyncio.sleep(0.7)  # a waiting row decides again every 0.5 s
             assert went["r2"] == "handoff"
             # The rank at its row cap (4 rows: its own unit's), its KV cache with room (1,000 +
             # 164 <= 8,192): the fourth row waits for a place here, as it does with the KV cache

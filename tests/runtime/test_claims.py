@@ -98,6 +98,12 @@ def test_a_requeued_worker_resumes_its_own_claim_and_a_limit_caps_its_claims(tmp
     assert requeued.claim_next(range(4)) == 0
     assert requeued.claim_next(range(4), settled={0}) == 2
     assert a.holds(0) and not b.holds(0)
+    # Units 0-2 claimed (by a, b and a): all of 3 claimed, not of 4; a watcher that saw none
+    # claimed sees the claims the others made since (they are files, not its own memory).
+    watcher = Claims(tmp_path, "decode-0")
+    assert not watcher.all_claimed(4) and watcher.all_claimed(3) and watcher.all_claimed(0)
+    assert b.claim_next(range(4), exclude={1}) == 3
+    assert watcher.all_claimed(4) and not watcher.all_claimed(5)
 
 
 def test_the_launcher_sees_a_worker_live_until_it_ends_or_its_heartbeat_stands_still(tmp_path):
