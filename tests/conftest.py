@@ -347,52 +347,28 @@ def pytest_collection_modifyitems(config, items):
     items.sort(key=rank)
 
 
-def _alone(item) -> bool:
-    return bool(item.get_closest_marker("slurm") or item.get_closest_marker("alone"))
-
-
-_MACHINE: dict = {}  # the machine's lock as this worker holds it between tests: files, mode
-
-
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_protocol(item, nextitem):
     """Under pytest-xdist, a test marked ``slurm`` or ``alone`` runs with the machine to itself:
     the other worker finishes the test it is on and starts no other until this one has ended
-    (set-up, call and tear-down: a module's runs included), or, when the next test of this
-    worker is alone too, that one (a module's tests then follow its run as they do serially: the
-    Slurm tests ask ``scontrol`` about the run's jobs, which it forgets 5 minutes after they end).
-    Such tests time heartbeats, links cut for seconds, CPU shares or bandwidth; beside another
-    worker's engines, on two cores, the lost-decode-node test saw its other rank lost too and
-    the CPU cap read below 0.3 cores. Two lock files in the session's shared folder: every test
-    holds ``machine.lock`` shared, one alone holds it exclusively, and ``machine.gate`` makes a
-    test wanting it wait its turn."""
+    (set-up, call and tear-down: a module's runs included). Such tests time heartbeats, links
+    cut for seconds, CPU shares or bandwidth; beside another worker's engines, on two cores, the
+    lost-decode-node test saw its other rank lost too and the CPU cap read below 0.3 cores.
+    Two lock files in the session's shared folder: every test holds ``machine.lock`` shared, one
+    alone holds it exclusively, and ``machine.gate`` makes a test wanting it wait its turn."""
     if not _xdist():
         return (yield)
     import fcntl
 
-    alone = _alone(item)
-    if _MACHINE.get("mode") != ("alone" if alone else "shared"):
-        _release_machine()
-        folder = Path(item.config.option.basetemp).parent
-        gate, lock = (folder / "machine.gate").open("a"), (folder / "machine.lock").open("a")
+    folder = Path(item.config.option.basetemp).parent
+    alone = bool(item.get_closest_marker("slurm") or item.get_closest_marker("alone"))
+    with (folder / "machine.gate").open("a") as gate, (folder / "machine.lock").open("a") as lock:
         fcntl.flock(gate, fcntl.LOCK_EX)
         try:
             fcntl.flock(lock, fcntl.LOCK_EX if alone else fcntl.LOCK_SH)
         finally:
             fcntl.flock(gate, fcntl.LOCK_UN)
-            gate.close()
-        _MACHINE.update(lock=lock, mode="alone" if alone else "shared")
-    try:
-        return (yield)
-    finally:
-        if not (alone and nextitem is not None and _alone(nextitem)):
-            _release_machine()
-
-
-def _release_machine() -> None:
-    import fcntl
-
-    if (lock := _MACHINE.pop("lock", None)) is not None:
-        fcntl.flock(lock, fcntl.LOCK_UN)
-        lock.close()
-    _MACHINE.pop("mode", None)
+        try:
+            return (yield)
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
