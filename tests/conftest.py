@@ -156,63 +156,48 @@ def _run(tmp_path_factory, name: str, *overrides: str, input_url: str | None = N
     return start_run(tmp_path_factory, name, *overrides, input_url=input_url, file_urls=file_urls).wait()
 
 
-def _xdist() -> bool:
-    """Whether this is a pytest-xdist worker (``-n 2`` in pyproject's ``addopts``)."""
-    return bool(os.environ.get("PYTEST_XDIST_WORKER"))
-
-
-def _start_colocated(tmp_path_factory) -> PendingRun:
-    return shared_run(tmp_path_factory, "colocated", "pools=colocated", "job.unit_rows=4",
-                      input_url=SAMPLE.as_uri(), file_urls=True, cpus=last_core())
-
-
-def _start_reference(tmp_path_factory) -> PendingRun:
-    return shared_run(tmp_path_factory, "reference", cpus={min(os.sched_getaffinity(0))},
-                      cmd=[sys.executable, "-m", "tests.reference", "{base}/reference.json"])
-
-
 @pytest.fixture(scope="session", autouse=True)
 def _colocated_started(request, tmp_path_factory):
     """Starts :func:`colocated_run` with the session when a selected test uses it, on the last
-    core; under pytest-xdist, not until a test asks for it (:func:`pytest_runtest_protocol`:
-    nothing of a test's may run in the background while a test runs alone)."""
-    if _xdist() or not any("colocated_run" in item.fixturenames for item in request.session.items):
+    core (once for all pytest-xdist workers: :func:`shared_run`)."""
+    if not any("colocated_run" in item.fixturenames for item in request.session.items):
         yield None
         return
-    pending = _start_colocated(tmp_path_factory)
+    pending = shared_run(tmp_path_factory, "colocated", "pools=colocated", "job.unit_rows=4",
+                         input_url=SAMPLE.as_uri(), file_urls=True, cpus=last_core())
     yield pending
     pending.end()
 
 
 @pytest.fixture(scope="session")
-def colocated_run(_colocated_started, tmp_path_factory) -> Run:
+def colocated_run(_colocated_started) -> Run:
     """The baseline: the pipeline colocated (vLLM prefill and decode in one engine), reading and
     writing through file:// URLs, each sample shard served in two parts (``job.unit_rows=4``: its
     two row groups) and assembled (:mod:`pipeline.io.units`), so every test comparing a run with
     it also compares a split shard's output with an unsplit one's, row for row. It is itself
-    checked against :func:`reference`, which shares no code with the pipeline. One run for all
-    pytest-xdist workers (:func:`shared_run`)."""
-    return (_colocated_started or _start_colocated(tmp_path_factory)).wait()
+    checked against :func:`reference`, which shares no code with the pipeline."""
+    return _colocated_started.wait()
 
 
 @pytest.fixture(scope="session", autouse=True)
 def _reference_started(request, tmp_path_factory):
     """Starts :func:`reference` with the session when a selected test uses it, on the first core
-    (the colocated run has the last); under pytest-xdist, not until a test asks for it."""
-    if _xdist() or not any("reference" in item.fixturenames for item in request.session.items):
+    (the colocated run has the last), once for all pytest-xdist workers."""
+    if not any("reference" in item.fixturenames for item in request.session.items):
         yield None
         return
-    pending = _start_reference(tmp_path_factory)
+    pending = shared_run(tmp_path_factory, "reference", cpus={min(os.sched_getaffinity(0))},
+                         cmd=[sys.executable, "-m", "tests.reference", "{base}/reference.json"])
     yield pending
     pending.end()
 
 
 @pytest.fixture(scope="session")
-def reference(_reference_started, tmp_path_factory) -> dict[str, list[dict]]:
+def reference(_reference_started) -> dict[str, list[dict]]:
     """The independent reference (:mod:`tests.reference`): raw vLLM ``LLM.generate`` in float32
     over the sample, prompts rendered by the tokenizer's own ``apply_chat_template``, ids read
     with pyarrow: ``{shard: [{id, prompt_ids, token_ids}]}`` in file order."""
-    pending = _reference_started or _start_reference(tmp_path_factory)
+    pending = _reference_started
     rc = pending.returncode(900)
     log = (pending.base / "stdout.txt").read_text() + (pending.base / "stderr.txt").read_text()
     assert rc == 0, f"the reference (raw vLLM) failed:\n{log[-4000:]}"
@@ -345,30 +330,3 @@ def pytest_collection_modifyitems(config, items):
         return (1 if item.path in with_e2e else 2), first[item.path]
 
     items.sort(key=rank)
-
-
-@pytest.hookimpl(wrapper=True)
-def pytest_runtest_protocol(item, nextitem):
-    """Under pytest-xdist, a test marked ``slurm`` or ``alone`` runs with the machine to itself:
-    the other worker finishes the test it is on and starts no other until this one has ended
-    (set-up, call and tear-down: a module's runs included). Such tests time heartbeats, links
-    cut for seconds, CPU shares or bandwidth; beside another worker's engines, on two cores, the
-    lost-decode-node test saw its other rank lost too and the CPU cap read below 0.3 cores.
-    Two lock files in the session's shared folder: every test holds ``machine.lock`` shared, one
-    alone holds it exclusively, and ``machine.gate`` makes a test wanting it wait its turn."""
-    if not _xdist():
-        return (yield)
-    import fcntl
-
-    folder = Path(item.config.option.basetemp).parent
-    alone = bool(item.get_closest_marker("slurm") or item.get_closest_marker("alone"))
-    with (folder / "machine.gate").open("a") as gate, (folder / "machine.lock").open("a") as lock:
-        fcntl.flock(gate, fcntl.LOCK_EX)
-        try:
-            fcntl.flock(lock, fcntl.LOCK_EX if alone else fcntl.LOCK_SH)
-        finally:
-            fcntl.flock(gate, fcntl.LOCK_UN)
-        try:
-            return (yield)
-        finally:
-            fcntl.flock(lock, fcntl.LOCK_UN)

@@ -35,9 +35,6 @@ from pipeline.status import status_text
 from tests.helpers import COMMON, SAMPLE, run_pipeline
 
 SHARDS = ["part-00000.parquet", "part-00001.parquet", "part-00002.parquet"]
-# Rows' ways timed by idle spells of 0.5 s and a decode rank lost after 5 s without a heartbeat:
-# with the machine to itself under pytest-xdist (tests/conftest.py, pytest_runtest_protocol).
-pytestmark = pytest.mark.alone
 
 
 @pytest.mark.e2e

@@ -22,9 +22,6 @@ from pipeline.runtime.rundir import RunDir
 from pipeline.roles.errors import DecodeUnavailable
 from pipeline.roles.handoff import wait_for_decode
 
-# Faults timed by heartbeats, leases and KV timeouts of seconds: with the machine to itself
-# under pytest-xdist (tests/conftest.py, pytest_runtest_protocol).
-pytestmark = pytest.mark.alone
 
 def test_prefill_waits_for_decode_then_fails_clearly(tmp_path):
     run = RunDir(tmp_path)
