@@ -286,47 +286,27 @@ def assert_across_hosts(run_dir: Path, output: Path, sent_before: dict[str, int]
         f"prefill nodes sent {sent} B over their links, the run's KV is {kv_bytes} B"
 
 
-def xdist_group_of(nodeid: str) -> str:
-    """The group of the test ``nodeid`` that one pytest-xdist worker runs whole (``-n 2`` in
-    pyproject's ``addopts``): its file, so that a module's fixtures (its end-to-end runs) start
-    once, except that every file with a test on the test Slurm (marked ``slurm`` or using
-    :func:`slurm_cluster`) is in one group, ``slurm``: one worker drives the one test Slurm (its
-    lost-node and cut-link tests would disturb another worker's jobs)."""
-    path = nodeid.split("::", 1)[0]
-    if path not in _SLURM_FILES:
-        text = (ROOT / path).read_text() if (ROOT / path).is_file() else ""
-        _SLURM_FILES[path] = "pytest.mark.slurm" in text or "slurm_cluster" in text
-    return "slurm" if _SLURM_FILES[path] else path
-
-
-_SLURM_FILES: dict[str, bool] = {}
-
-
-def pytest_xdist_make_scheduler(config, log):
-    """pytest-xdist's scheduler by scope, the scope of a test being its :func:`xdist_group_of`."""
-    from xdist.scheduler import LoadScopeScheduling
-
-    class ByGroup(LoadScopeScheduling):
-        def _split_scope(self, nodeid: str) -> str:
-            return xdist_group_of(nodeid)
-
-    return ByGroup(config, log)
-
-
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
-    """The order the groups (:func:`xdist_group_of`) are queued in for pytest-xdist's workers (the
-    order each worker collects in): longest first, as far as the markers tell: the Slurm group,
-    then files with end-to-end runs, then the quick ones, which fill the end."""
+    """Under pytest-xdist (``-n 2 --dist loadgroup``, pyproject's ``addopts``), how tests are
+    shared among workers: each test file is a group, run whole by one worker (its module
+    fixtures, end-to-end runs, run once), except that every file with a test on the test Slurm
+    joins one group, ``slurm``: one worker drives the one test Slurm (its lost-node and cut-link
+    tests would disturb another worker's jobs). Groups are queued longest first, as far as the
+    markers tell: the Slurm group, then files with end-to-end runs, then the quick ones, which
+    fill the end. Runs before xdist's own hook, which reads the groups."""
     if not os.environ.get("PYTEST_XDIST_WORKER"):
         return
+    on_slurm = {item.path for item in items
+                if item.get_closest_marker("slurm") or "slurm_cluster" in item.fixturenames}
     with_e2e = {item.path for item in items if item.get_closest_marker("e2e")}
     first: dict[Path, int] = {}
     for i, item in enumerate(items):
         first.setdefault(item.path, i)
+        item.add_marker(pytest.mark.xdist_group("slurm" if item.path in on_slurm else str(item.path.relative_to(ROOT))))
 
     def rank(item) -> tuple[int, int]:
-        if xdist_group_of(item.nodeid) == "slurm":
-            return 0, 0
-        return (1 if item.path in with_e2e else 2), first[item.path]
+        kind = 0 if item.path in on_slurm else 1 if item.path in with_e2e else 2
+        return kind, 0 if kind == 0 else first[item.path]
 
     items.sort(key=rank)
