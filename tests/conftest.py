@@ -7,8 +7,6 @@ import json
 import os
 import subprocess
 import sys
-import threading
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -51,69 +49,27 @@ def run_pipeline(*overrides: str, timeout: float = 900, env: dict | None = None)
                           env={**os.environ, **env} if env else None)
 
 
-def shared_dir(tmp_path_factory) -> Path:
-    """The folder every pytest-xdist worker of this session sees (``-n 2`` in pyproject's
-    ``addopts``): the parent of each worker's own base temp, as xdist documents for session
-    fixtures run once; without xdist, the base temp itself."""
-    base = tmp_path_factory.getbasetemp()
-    return base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
-
-
 class PendingRun:
-    """A command started in the background (:func:`start_run`: a run of the pipeline), its output
-    in ``BASE/stdout.txt`` and ``stderr.txt`` (a pipe left unread would block) and its exit status
-    written to ``BASE/rc`` when it ends, so that any worker of the session can wait for it:
-    :meth:`wait` returns its :class:`Run` and fails the test if it failed. ``cmd`` None: attach to
-    one another worker started in ``base`` (:func:`shared_run`); then :attr:`proc` is None."""
+    """A run started in the background (:func:`start_run`); :meth:`wait` returns its :class:`Run`
+    and fails the test if it failed. Its output goes to files (a pipe left unread would block)."""
 
-    def __init__(self, name: str, base: Path, cmd: list[str] | None, cpus: set[int] | None = None):
-        self.name, self.base, self.proc = name, base, None
-        if cmd is None:
-            return
-        with (base / "stdout.txt").open("w") as out, (base / "stderr.txt").open("w") as err:
-            self.proc = subprocess.Popen(cmd, cwd=ROOT, text=True, stdout=out, stderr=err,
-                                         preexec_fn=(lambda: os.sched_setaffinity(0, cpus)) if cpus else None)
-        self._recorder = threading.Thread(target=self._record_rc, daemon=True)
-        self._recorder.start()
-
-    def _record_rc(self) -> None:
-        rc = self.proc.wait()
-        (self.base / "rc.part").write_text(str(rc))
-        (self.base / "rc.part").replace(self.base / "rc")
-
-    def returncode(self, timeout: float = 900) -> int:
-        """The command's exit status, once ``BASE/rc`` says it ended; TimeoutError after
-        ``timeout`` seconds."""
-        deadline = time.monotonic() + timeout
-        while not (self.base / "rc").exists():
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"{self.name} did not end within {timeout} s ({self.base})")
-            time.sleep(0.2)
-        return int((self.base / "rc").read_text())
+    def __init__(self, name: str, base: Path, args: list[str], cpus: set[int] | None):
+        self.name, self.base = name, base
+        self.out, self.err = (base / "stdout.txt").open("w+"), (base / "stderr.txt").open("w+")
+        self.proc = subprocess.Popen([sys.executable, "-m", "pipeline", *args], cwd=ROOT, text=True,
+                                     stdout=self.out, stderr=self.err,
+                                     preexec_fn=(lambda: os.sched_setaffinity(0, cpus)) if cpus else None)
 
     def wait(self, timeout: float = 900) -> Run:
-        rc = self.returncode(timeout)
-        out, err = ((self.base / n).read_text() for n in ("stdout.txt", "stderr.txt"))
-        assert rc == 0, f"run {self.name} failed:\n{out}\n{err[-4000:]}"
-        return Run(rc, out, err, self.base / "run", self.base / "output")
-
-    def end(self) -> None:
-        """At the end of the session of the worker that started it: a run no test waited for is
-        killed, unless other pytest-xdist workers may still wait for it (it is then waited for)."""
-        if self.proc is None or self.proc.poll() is not None:
-            return
-        if os.environ.get("PYTEST_XDIST_WORKER"):
-            self.proc.wait(900)
-            self._recorder.join(10)
-        else:
-            self.proc.kill()
-            self.proc.wait()
-
-
-def _pipeline_cmd(base: Path, overrides: tuple[str, ...], input_url: str | None, file_urls: bool) -> list[str]:
-    out = base / "output"
-    return [sys.executable, "-m", "pipeline", *COMMON, f"run.dir={base / 'run'}", *overrides,
-            f"job.input={input_url or SAMPLE}", f"job.output={out.as_uri() if file_urls else out}"]
+        rc = self.proc.wait(timeout)
+        text = []
+        for f in (self.out, self.err):
+            f.seek(0)
+            text.append(f.read())
+            f.close()
+        run = Run(rc, text[0], text[1], self.base / "run", self.base / "output")
+        assert rc == 0, f"run {self.name} failed:\n{text[0]}\n{text[1][-4000:]}"
+        return run
 
 
 def start_run(tmp_path_factory, name: str, *overrides: str, input_url: str | None = None,
@@ -125,26 +81,11 @@ def start_run(tmp_path_factory, name: str, *overrides: str, input_url: str | Non
     pins its prefill engine to the first core and its decode engine to the last, which sits idle
     while long prompts are prefilled and while engines start."""
     base = tmp_path_factory.mktemp(name)
-    return PendingRun(name, base, _pipeline_cmd(base, overrides, input_url, file_urls), cpus)
-
-
-def shared_run(tmp_path_factory, name: str, *overrides: str, input_url: str | None = None,
-               file_urls: bool = False, cpus: set[int] | None = None,
-               cmd: list[str] | None = None) -> PendingRun:
-    """The session's one run ``name`` (:func:`start_run`'s arguments, or any command ``cmd``
-    given a folder ``{base}``), started by whichever pytest-xdist worker asks first, in
-    :func:`shared_dir`; a worker asking later attaches to it (a lock file orders them)."""
-    from filelock import FileLock
-
-    root = shared_dir(tmp_path_factory)
-    base = root / name
-    with FileLock(root / f"{name}.lock"):
-        if base.exists():
-            return PendingRun(name, base, None)
-        base.mkdir()
-        argv = ([a.format(base=base) for a in cmd] if cmd is not None
-                else _pipeline_cmd(base, overrides, input_url, file_urls))
-        return PendingRun(name, base, argv, cpus)
+    out = base / "output"
+    args = [*COMMON, f"run.dir={base / 'run'}", *overrides]
+    args.append(f"job.input={input_url or SAMPLE}")
+    args.append(f"job.output={out.as_uri() if file_urls else out}")
+    return PendingRun(name, base, args, cpus)
 
 
 def last_core() -> set[int]:
@@ -159,14 +100,16 @@ def _run(tmp_path_factory, name: str, *overrides: str, input_url: str | None = N
 @pytest.fixture(scope="session", autouse=True)
 def _colocated_started(request, tmp_path_factory):
     """Starts :func:`colocated_run` with the session when a selected test uses it, on the last
-    core (once for all pytest-xdist workers: :func:`shared_run`)."""
+    core."""
     if not any("colocated_run" in item.fixturenames for item in request.session.items):
         yield None
         return
-    pending = shared_run(tmp_path_factory, "colocated", "pools=colocated", "job.unit_rows=4",
-                         input_url=SAMPLE.as_uri(), file_urls=True, cpus=last_core())
+    pending = start_run(tmp_path_factory, "colocated", "pools=colocated", "job.unit_rows=4", input_url=SAMPLE.as_uri(),
+                        file_urls=True, cpus=last_core())
     yield pending
-    pending.end()
+    if pending.proc.poll() is None:  # the session ended before a test waited for it
+        pending.proc.kill()
+        pending.proc.wait()
 
 
 @pytest.fixture(scope="session")
@@ -182,14 +125,19 @@ def colocated_run(_colocated_started) -> Run:
 @pytest.fixture(scope="session", autouse=True)
 def _reference_started(request, tmp_path_factory):
     """Starts :func:`reference` with the session when a selected test uses it, on the first core
-    (the colocated run has the last), once for all pytest-xdist workers."""
+    (the colocated run has the last)."""
     if not any("reference" in item.fixturenames for item in request.session.items):
         yield None
         return
-    pending = shared_run(tmp_path_factory, "reference", cpus={min(os.sched_getaffinity(0))},
-                         cmd=[sys.executable, "-m", "tests.reference", "{base}/reference.json"])
-    yield pending
-    pending.end()
+    base = tmp_path_factory.mktemp("reference")
+    log = (base / "log.txt").open("w+")
+    cpus = {min(os.sched_getaffinity(0))}
+    proc = subprocess.Popen([sys.executable, "-m", "tests.reference", str(base / "reference.json")], cwd=ROOT,
+                            stdout=log, stderr=subprocess.STDOUT, preexec_fn=lambda: os.sched_setaffinity(0, cpus))
+    yield proc, base, log
+    if proc.poll() is None:
+        proc.kill()
+        proc.wait()
 
 
 @pytest.fixture(scope="session")
@@ -197,11 +145,11 @@ def reference(_reference_started) -> dict[str, list[dict]]:
     """The independent reference (:mod:`tests.reference`): raw vLLM ``LLM.generate`` in float32
     over the sample, prompts rendered by the tokenizer's own ``apply_chat_template``, ids read
     with pyarrow: ``{shard: [{id, prompt_ids, token_ids}]}`` in file order."""
-    pending = _reference_started
-    rc = pending.returncode(900)
-    log = (pending.base / "stdout.txt").read_text() + (pending.base / "stderr.txt").read_text()
-    assert rc == 0, f"the reference (raw vLLM) failed:\n{log[-4000:]}"
-    return json.loads((pending.base / "reference.json").read_text())
+    proc, base, log = _reference_started
+    rc = proc.wait(900)
+    log.seek(0)
+    assert rc == 0, f"the reference (raw vLLM) failed:\n{log.read()[-4000:]}"
+    return json.loads((base / "reference.json").read_text())
 
 
 @pytest.fixture(scope="session")
@@ -215,16 +163,15 @@ def installed(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def push_run(tmp_path_factory) -> Run:
-    """1P:1D, prefill WRITEs KV into decode's blocks (NixlPushConnector); one run for all
-    pytest-xdist workers."""
-    return shared_run(tmp_path_factory, "push", "pools=disaggregated", "transport=nixl_push").wait()
+    """1P:1D, prefill WRITEs KV into decode's blocks (NixlPushConnector)."""
+    return _run(tmp_path_factory, "push", "pools=disaggregated", "transport=nixl_push")
 
 
 @pytest.fixture(scope="session")
 def pull_run(tmp_path_factory) -> Run:
     """1P:1D, decode READs KV from prefill's blocks (NixlConnector), input given as a glob."""
-    return shared_run(tmp_path_factory, "pull", "pools=disaggregated", "transport=nixl_pull",
-                      input_url=str(SAMPLE / "part-*.parquet")).wait()
+    return _run(tmp_path_factory, "pull", "pools=disaggregated", "transport=nixl_pull",
+                input_url=str(SAMPLE / "part-*.parquet"))
 
 
 # Every Slurm test runs on the multi-node test Slurm (slurm/start-test-cluster.sh --nodes 4):
@@ -284,29 +231,3 @@ def assert_across_hosts(run_dir: Path, output: Path, sent_before: dict[str, int]
     sent = sum(after[n] - sent_before.get(n, 0) for n in PREFILL_NODES)
     assert kv_bytes > 0 and sent >= kv_bytes / 2, \
         f"prefill nodes sent {sent} B over their links, the run's KV is {kv_bytes} B"
-
-
-@pytest.hookimpl(tryfirst=True)
-def pytest_collection_modifyitems(config, items):
-    """Under pytest-xdist (``-n 2 --dist loadgroup``, pyproject's ``addopts``), how tests are
-    shared among workers: each test file is a group, run whole by one worker (its module
-    fixtures, end-to-end runs, run once), except that every file with a test on the test Slurm
-    joins one group, ``slurm``: one worker drives the one test Slurm (its lost-node and cut-link
-    tests would disturb another worker's jobs). Groups are queued longest first, as far as the
-    markers tell: the Slurm group, then files with end-to-end runs, then the quick ones, which
-    fill the end. Runs before xdist's own hook, which reads the groups."""
-    if not os.environ.get("PYTEST_XDIST_WORKER"):
-        return
-    on_slurm = {item.path for item in items
-                if item.get_closest_marker("slurm") or "slurm_cluster" in item.fixturenames}
-    with_e2e = {item.path for item in items if item.get_closest_marker("e2e")}
-    first: dict[Path, int] = {}
-    for i, item in enumerate(items):
-        first.setdefault(item.path, i)
-        item.add_marker(pytest.mark.xdist_group("slurm" if item.path in on_slurm else str(item.path.relative_to(ROOT))))
-
-    def rank(item) -> tuple[int, int]:
-        kind = 0 if item.path in on_slurm else 1 if item.path in with_e2e else 2
-        return kind, 0 if kind == 0 else first[item.path]
-
-    items.sort(key=rank)
