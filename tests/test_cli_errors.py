@@ -70,6 +70,7 @@ def test_no_job():
     ("job.sampling.temperature=-1", "job.sampling.temperature"),
     ("job.no_such_key=1", "job.no_such_key"),
     ("pools=nope", "pools/nope"),
+    ("pools.claim_dead_after_s=5", "pools.claim_dead_after_s"),  # under three heartbeats
 ])
 def test_wrong_config_value(override, key):
     assert key.split(".")[-1] in one_line_error(run_pipeline("+job=summarize", override))

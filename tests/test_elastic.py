@@ -83,7 +83,8 @@ def test_a_decode_rank_lost_with_its_units_leaves_them_to_a_prefill_worker(tmp_p
     late, and is killed (SIGKILL, ``PD_PIPELINE_INJECT_DECODE_KILL_AFTER_ROWS=2``) once it has
     served 2 rows of them: a decode rank lost while it serves claimed units, the run's only one.
     The prefill worker (``pools.elastic_prefer=local``, the default) serves rows alone and ends when nothing is left to
-    claim but the lost rank's units, whose claims still look alive; once they do not (60 s), the
+    claim but the lost rank's units, whose claims still look alive; once they do not
+    (``pools.claim_dead_after_s=15``; 60 by default), the
     launcher starts array task 0 again, which takes them over and serves them alone. Checked:
     exit status 0, every row once and equal to the colocated run (float32), every row of the
     lost rank's units served in one engine by it or by the prefill worker, the claims of those
@@ -91,7 +92,7 @@ def test_a_decode_rank_lost_with_its_units_leaves_them_to_a_prefill_worker(tmp_p
     run_dir, out = tmp_path / "run", tmp_path / "out"
     p = run_pipeline(*COMMON, f"job.input={SAMPLE}", f"job.output={out}", f"run.dir={run_dir}",
                      "pools=disaggregated", "transport=nixl_push", "pools.elastic=true", "pools.elastic_idle_s=0.5", "pools.elastic_wait_s=0",
-                     "job.unit_rows=4", "transport.decode_dead_after_s=5",
+                     "job.unit_rows=4", "transport.decode_dead_after_s=5", "pools.claim_dead_after_s=15",
                      env={"PD_PIPELINE_INJECT_PREFILL_START_DELAY_S": "10",
                           "PD_PIPELINE_INJECT_DECODE_KILL_AFTER_ROWS": "2"})
     assert p.returncode == 0, p.stderr[-4000:]

@@ -232,6 +232,11 @@ class PoolsConfig:
     # 0.6 s, while a unit claimed with one place and its other rows left waiting made the tail (36 s). On GPUs, where a
     # row decodes in seconds, about a tenth of a row's decode time
     elastic_claim_wait_s: float = 2.0
+    # seconds a worker holding work units (a prefill or colocated worker; a decode rank under pools.elastic) may leave its
+    # heartbeat (every 5 s, RUN_DIR/claims/workers/) unchanged before it counts as lost: its units are taken over and the
+    # launcher stops waiting for it. Long enough for a busy node or a slow shared file system (NFS attribute caches hold
+    # up to 60 s) not to look dead; a lost worker's units wait this long, so a short run may shorten it (>= 15)
+    claim_dead_after_s: float = 60.0
     hardware: Optional[str] = None  # pools=auto: hardware preset; null: cpu without a GPU, else h100
     calibration: Optional[str] = None  # pools=auto: a finished run's directory to take measured speeds from
     sample_rows: int = 2000  # pools=auto: input rows sampled to plan from
@@ -252,6 +257,8 @@ class PoolsConfig:
                f"must be local or handoff, got {self.elastic_prefer!r}")
         _check(self.elastic_claim_wait_s >= 0, "pools.elastic_claim_wait_s",
                f"must be >= 0, got {self.elastic_claim_wait_s}")
+        _check(self.claim_dead_after_s >= 15, "pools.claim_dead_after_s",
+               f"must be >= 15 (three heartbeats), got {self.claim_dead_after_s}")
         _check(not self.elastic or self.mode != "colocated", "pools.elastic",
                "needs disaggregated pools (pools=disaggregated or pools=auto): colocated workers serve every row already")
 

@@ -331,14 +331,14 @@ class _OtherWorkers:
     lost rank's is seen standing still early."""
 
     def __init__(self, run: RunDir, jobs: Jobs, beats: _DecodeBeats):
-        self.live, self.jobs, self.beats = LiveWorkers(run.path), jobs, beats
+        self.live, self.jobs, self.beats = LiveWorkers(run.path, run.config().pools.claim_dead_after_s), jobs, beats
         self.checked, self.others = -1e9, None
 
     def serving(self, own_ended: bool) -> bool:
         """Whether any other worker serves the run, as of the last read. A decode rank's claims
         (``pools.elastic``) count only while the rank serves by its endpoint heartbeat (every
         2 s, lost after ``transport.decode_dead_after_s``), which tells a lost rank sooner than
-        its claims' (60 s)."""
+        its claims' (``pools.claim_dead_after_s``)."""
         if own_ended or time.monotonic() - self.checked > 5:
             self.checked, self.others = time.monotonic(), self.live.live()
             if self.jobs.decode:

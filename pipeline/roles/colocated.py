@@ -54,7 +54,7 @@ async def _colocated(run: RunDir, task: int, limit: int | None, cpus: str | None
     cfg = run.config()
     worker = worker_id("colocated", task)
     # Claims name the task, not its host: a task requeued onto another node resumes its own.
-    claims = Claims(run.path, worker.split("@")[0])
+    claims = Claims(run.path, worker.split("@")[0], cfg.pools.claim_dead_after_s)
     if claim_first(run, claims, limit) is None:
         return worker  # every shard is done or held by a live worker: no engine to start
     claims.start_heartbeat()

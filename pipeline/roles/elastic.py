@@ -111,7 +111,7 @@ class ElasticDecode:
         ``decode-RANK`` in the claims, with its own heartbeat there: a requeued rank resumes its
         own units; a lost one's are taken over by a worker still claiming, as a prefill
         worker's are; the launcher waits for it as for any worker serving the run."""
-        self.claims = Claims(self.run.path, self.worker.split("@")[0])
+        self.claims = Claims(self.run.path, self.worker.split("@")[0], self.cfg.pools.claim_dead_after_s)
         self.claims.start_heartbeat()
         self.full_at = time.monotonic()  # a first claim after elastic_idle_s
         self.gate = ClaimGate(self.cfg.pools.elastic_claim_wait_s)

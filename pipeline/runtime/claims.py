@@ -44,7 +44,7 @@ from pipeline.io.atomic import temporary_name, write_json
 from pipeline.runtime.heartbeat import Heartbeat
 
 HEARTBEAT_S = 5.0  # seconds between a claimant's heartbeats
-DEAD_AFTER_S = 60.0  # a heartbeat unchanged this long (observer's clock) marks its worker dead
+DEAD_AFTER_S = 60.0  # a heartbeat unchanged this long (observer's clock) marks its worker dead (pools.claim_dead_after_s)
 _CLAIM = re.compile(r"^unit-(\d+)\.(\d+)$")
 
 
@@ -98,13 +98,16 @@ class Claims:
         self._known[index] = (g, worker)
         return g, worker
 
-    def all_claimed(self, count: int) -> bool:
-        """Whether each of units ``0 .. count - 1`` is claimed by some worker (alive or not):
-        nothing is left for a worker to claim but a lost worker's units. Claims are never removed
-        within a launch, so the units seen claimed are not looked at again: a run's calls cost
-        about one look at each unit in all."""
+    def all_claimed(self, count: int, is_settled: Callable[[int], bool] | None = None) -> bool:
+        """Whether each of units ``0 .. count - 1`` is claimed by some worker (alive or not) or
+        settled (``is_settled(index)``: done or failed in an earlier launch of a resumed run,
+        where nobody claims it again): nothing is left for a worker to claim but a lost worker's
+        units. Claims and settled marks are never removed within a launch, so the units seen
+        claimed or settled are not looked at again: a run's calls cost about one look at each
+        unit in all."""
         i = self._unclaimed_from
-        while i < count and (i in self._known or os.path.lexists(self.dir / _name(i, 0))):
+        while i < count and (i in self._known or i in self._settled or os.path.lexists(self.dir / _name(i, 0))
+                             or (is_settled is not None and is_settled(i))):
             i += 1
         self._unclaimed_from = i
         return i >= count

@@ -104,6 +104,18 @@ def test_a_requeued_worker_resumes_its_own_claim_and_a_limit_caps_its_claims(tmp
     assert not watcher.all_claimed(4) and watcher.all_claimed(3) and watcher.all_claimed(0)
     assert b.claim_next(range(4), exclude={1}) == 3
     assert watcher.all_claimed(4) and not watcher.all_claimed(5)
+    # A resumed run: units 5 and 6 were done in an earlier launch, so nobody claims them again;
+    # settled, they are not left. Asked only of units not seen claimed or settled (4 is claimed).
+    assert b.claim_next(range(5), exclude={1, 3}) == 4
+    asked = []
+
+    def settled(i: int) -> bool:
+        asked.append(i)
+        return i in (5, 6)
+
+    assert not watcher.all_claimed(8, settled) and asked == [5, 6, 7]
+    assert b.claim_next(range(8), exclude={1, 3, 4}, is_settled=lambda i: i in (5, 6)) == 7
+    assert watcher.all_claimed(8, settled) and asked == [5, 6, 7]  # 7 seen claimed; 5 and 6 not asked again
 
 
 def test_the_launcher_sees_a_worker_live_until_it_ends_or_its_heartbeat_stands_still(tmp_path):
