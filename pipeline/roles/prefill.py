@@ -15,7 +15,7 @@ from pipeline.roles.colocated import colocated_serve
 from pipeline.roles.elastic import ElasticPrefill
 from pipeline.roles.handoff import PrefillHandoff, wait_for_decode
 from pipeline.roles.router import DecodeRouter
-from pipeline.roles.work import claim_first_or_take_over, own_shards, unit_settled
+from pipeline.roles.work import claim_first_or_take_over, own_shards, units_left
 from pipeline.runtime import failpoints
 from pipeline.runtime.addresses import worker_host
 from pipeline.runtime.claims import Claims
@@ -57,10 +57,8 @@ async def _prefill(run: RunDir, task: int, limit: int | None, cpus: str | None) 
                                  run.sample_lists())
         serve, rows, room = handoff.serve, cfg.job.batch_rows, (lambda: True)
         if cfg.pools.elastic:  # rows served here when the decode pool is full, beside the hand-offs
-            units, shards = run.units(), {s.index: s for s in run.shards()}
             elastic = ElasticPrefill(cfg, handoff, colocated_serve(cfg, engine, worker, run.sample_lists()),
-                                     units_left=lambda: not claims.all_claimed(
-                                         len(units), lambda i: unit_settled(run, shards, units[i])))
+                                     units_left=units_left(run, claims))
             serve, rows, room = elastic.serve, rows * 2, elastic.room
         await own_shards(run, cfg, claims, worker, load_tokenizer(cfg), serve, limit, keep_claiming=room,
                          batch_rows=rows)

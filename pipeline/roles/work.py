@@ -133,8 +133,22 @@ def next_unit(run: RunDir, claims: Claims, units: list[Unit], shards: dict[int, 
     """Claim the next unit for this worker (:meth:`Claims.claim_next`, in input order), skipping
     those it has ``started`` and those settled (:func:`unit_settled`, asked only of a unit about
     to be taken, so a claim costs the same however many units are done); None when none is left."""
-    return claims.claim_next(range(len(units)), (), limit, started,
-                             is_settled=lambda i: unit_settled(run, shards, units[i]))
+    return claims.claim_next(range(len(units)), (), limit, started, is_settled=_settled_check(run, shards, units))
+
+
+def units_left(run: RunDir, claims: Claims) -> Callable[[], bool]:
+    """A check of whether any of the run's units is left to claim: neither claimed (by a worker
+    alive or not) nor settled (:func:`unit_settled`; a resumed run's units done in an earlier
+    launch are never claimed again). :meth:`Claims.all_claimed`: each unit looked at about once
+    over all the calls."""
+    units, shards = run.units(), {s.index: s for s in run.shards()}
+    settled = _settled_check(run, shards, units)
+    return lambda: not claims.all_claimed(len(units), settled)
+
+
+def _settled_check(run: RunDir, shards: dict[int, Shard], units: list[Unit]) -> Callable[[int], bool]:
+    """:func:`unit_settled` by unit index, as :class:`Claims` asks it."""
+    return lambda i: unit_settled(run, shards, units[i])
 
 
 def unit_settled(run: RunDir, shards: dict[int, Shard], unit: Unit) -> bool:
