@@ -154,7 +154,8 @@ def main(argv: list[str] | None = None) -> int:
                          "engine without async scheduling), disaggasyncload (transport.sync_kv_load=false), disaggdram (offload=dram), disagglocal "
                          "(pools.local_prefill_tokens=512), disaggtp3p / disaggtp3d (prefill / decode pool at TP 3), auto (pools=auto), "
                          "disaggelastic (pools.elastic=true; with coloc2 and disagg on --workloads prefill,decode,mixed,skewed: "
-                         "section 2g, issue #40), slurm (the same on the 4-node test Slurm from 1P:3D, 2P:2D, 3P:1D: section 2h); "
+                         "section 2g, issue #40), disaggelastic1ms (the same, NIXL's progress thread waking every 1 ms: the "
+                         "default on a CPU before 20 ms), slurm (the same on the 4-node test Slurm from 1P:3D, 2P:2D, 3P:1D: section 2h); "
                          "those after disagg are not in the default")
     ap.add_argument("--order", choices=("fixed", "reverse", "rotate"), default="fixed",
                     help="the configurations' order in each repeat: fixed (the bench's own, colocated first), reverse, or "

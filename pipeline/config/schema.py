@@ -273,7 +273,9 @@ class TransportConfig:
     ``ucx_tls`` / ``ucx_net_devices`` become ``UCX_TLS`` / ``UCX_NET_DEVICES`` for NIXL's UCX
     backend (e.g. ``rc,ud,sm,self`` and ``mlx5_0:1`` on InfiniBand). ``nixl_progress_delay_us``:
     how long NIXL's progress thread waits in ``poll()`` for a UCX event (microseconds); 0 is
-    NIXL's own busy loop, which takes a core per worker (BENCHMARKS.md). ``prefill_idle_pause_ms``:
+    NIXL's own busy loop, which takes a core per worker (BENCHMARKS.md); null is 1000 on a GPU
+    and 20000 on vLLM's CPU platform, where the thread wakes on the core of the model's forward
+    pass (:func:`pipeline.engine.build.progress_delay_us`). ``prefill_idle_pause_ms``:
     how long each empty step of a prefill engine that only holds KV for decode pauses
     (milliseconds, :mod:`pipeline.engine.idle`); 0 is vLLM's pace (1 ms), which takes 0.6 of
     the prefill worker's core while it holds KV. ``sync_kv_load`` (pull only): the decode engine
@@ -298,7 +300,7 @@ class TransportConfig:
     base_port: int = 0  # fixed ports: worker slot k uses base_port + 10 k (for firewalls); 0: free ports picked at start
     ucx_tls: Optional[str] = None  # the transports the KV may take (UCX_TLS for NIXL's UCX backend): rc,ud,sm,self on InfiniBand, tcp on Ethernet
     ucx_net_devices: Optional[str] = None  # the devices the KV may cross (UCX_NET_DEVICES): mlx5_0:1 on InfiniBand, eth0 on Ethernet
-    nixl_progress_delay_us: int = 1000  # microseconds NIXL's progress thread waits for a UCX event; 0: busy loop
+    nixl_progress_delay_us: Optional[int] = None  # microseconds NIXL's progress thread waits for a UCX event; 0: busy loop; null: 1000 on a GPU, 20000 on a CPU
     prefill_idle_pause_ms: float = 40.0  # ms each empty step of a prefill engine holding KV pauses; 0: vLLM's pace
     sync_kv_load: bool = True  # pull: READ a hand-off's KV in the step that schedules it
     connect_timeout_s: float = 600.0  # seconds a prefill worker waits for decode workers to come up
@@ -317,7 +319,8 @@ class TransportConfig:
         _check(self.abort_reclaim_s is None or self.abort_reclaim_s > 0, "transport.abort_reclaim_s",
                f"must be > 0 or null, got {self.abort_reclaim_s}")
         _check(self.handoff_retries >= 0, "transport.handoff_retries", f"must be >= 0, got {self.handoff_retries}")
-        _check(self.nixl_progress_delay_us >= 0, "transport.nixl_progress_delay_us", f"must be >= 0, got {self.nixl_progress_delay_us}")
+        _check(self.nixl_progress_delay_us is None or self.nixl_progress_delay_us >= 0, "transport.nixl_progress_delay_us",
+               f"must be >= 0 or null, got {self.nixl_progress_delay_us}")
         _check(self.prefill_idle_pause_ms >= 0, "transport.prefill_idle_pause_ms", f"must be >= 0, got {self.prefill_idle_pause_ms}")
         _check(0 <= self.base_port < 65000, "transport.base_port", f"must be in [0, 65000), got {self.base_port}")
         _check(self.on_recompute in ("warn", "fail"), "transport.on_recompute",

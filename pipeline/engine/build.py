@@ -34,6 +34,15 @@ if TYPE_CHECKING:
 
 Role = Literal["prefill", "decode", "colocated"]
 
+#: NIXL's progress-thread ``poll()`` timeout (microseconds) when ``transport.nixl_progress_delay_us``
+#: is null. On vLLM's CPU platform the thread wakes on the core where the model's forward pass runs
+#: (an engine's cores are its worker's), and at 1 ms its 1,000 wake-ups a second made a decode
+#: step 1.1x a colocated engine's at 8 rows; at 20 ms the two are equal, and a KV transfer is no
+#: slower, as the thread wakes at once on a UCX event (BENCHMARKS.md, "NIXL's progress thread on
+#: a CPU engine"). On a GPU the forward pass does not run on that core: NIXL's wait there is 1 ms.
+GPU_PROGRESS_DELAY_US = 1000
+CPU_PROGRESS_DELAY_US = 20000
+
 #: ``gpu_memory_utilization`` when ``model.gpu_memory_utilization`` is null: vLLM's own default on
 #: a GPU; on vLLM's CPU platform a low share (0.3 worked, vLLM's 0.92 refuses to start: DESIGN.md
 #: section 2), the KV cache there being ``model.kv_cache_gib``.
@@ -236,7 +245,7 @@ def kv_transfer_config(cfg: Config, role: Literal["prefill", "decode"]):
     return KVTransferConfig(
         kv_connector="DramTierConnector" if dram else cfg.transport.connector,
         kv_connector_module_path="pipeline.engine.dram_connector" if dram else "pipeline.engine.connector",
-        kv_connector_extra_config={"progress_delay_us": cfg.transport.nixl_progress_delay_us,
+        kv_connector_extra_config={"progress_delay_us": progress_delay_us(cfg),
                                    "idle_pause_s": cfg.transport.prefill_idle_pause_ms / 1e3,
                                    "sync_kv_load": cfg.transport.sync_kv_load,
                                    "kv_timeout_s": cfg.transport.kv_timeout_s,
@@ -254,6 +263,15 @@ def memory_utilization(cfg: Config) -> float:
     if cfg.model.gpu_memory_utilization is not None:
         return cfg.model.gpu_memory_utilization
     return CPU_MEMORY_UTILIZATION if _on_cpu() else GPU_MEMORY_UTILIZATION
+
+
+def progress_delay_us(cfg: Config) -> int:
+    """NIXL's progress-thread ``poll()`` timeout for this config's agents, in microseconds:
+    ``transport.nixl_progress_delay_us`` when set, else :data:`CPU_PROGRESS_DELAY_US` on vLLM's
+    CPU platform and :data:`GPU_PROGRESS_DELAY_US` on a GPU."""
+    if cfg.transport.nixl_progress_delay_us is not None:
+        return cfg.transport.nixl_progress_delay_us
+    return CPU_PROGRESS_DELAY_US if _on_cpu() else GPU_PROGRESS_DELAY_US
 
 
 def enforce_eager(cfg: Config) -> bool:

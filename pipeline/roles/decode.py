@@ -18,7 +18,7 @@ import zmq
 import zmq.asyncio
 
 from pipeline.config import Config, SamplingConfig
-from pipeline.engine.build import build_engine, engine_shape, stop_engine
+from pipeline.engine.build import build_engine, engine_shape, progress_delay_us, stop_engine
 from pipeline.engine.kv_layout import kv_capacity_tokens
 from pipeline.engine.lora import lora_request
 from pipeline.engine.model import model_kv_bytes_per_token
@@ -106,7 +106,7 @@ class DecodeServer(ElasticDecode):
             self.pool = DramPool(pool_path(run.path, rank), int(cfg.offload.dram_gib * 2**30),
                                  block_size * model_kv_bytes_per_token(cfg),
                                  f"pd-decode{rank}-{os.getpid()}-{int(time.time())}",
-                                 cfg.transport.nixl_progress_delay_us, writers=cfg.model.prefill_tp)
+                                 progress_delay_us(cfg), writers=cfg.model.prefill_tp)
             self.dram_capacity = self.pool.num_slots * block_size
             self.polling = asyncio.create_task(self.pool.poll_notifications())
         # Publishing (again, after a requeue) is what lets prefill workers find this rank;

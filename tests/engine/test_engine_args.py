@@ -90,6 +90,25 @@ def test_prefill_engines_schedule_in_step_unless_asked():
     check_engine_args(asked)
 
 
+def test_nixl_progress_delay_is_20_ms_on_a_cpu_1_ms_on_a_gpu_unless_set(monkeypatch):
+    """NIXL's progress thread waits 20 ms per poll() by default on this CPU machine (its wake-ups
+    share the forward pass's core), 1 ms on a GPU, and what transport.nixl_progress_delay_us says
+    when set, for both pools' connectors. The GPU is a stand-in (``_on_cpu`` returning False):
+    there is none here."""
+    import pipeline.engine.build as build
+
+    def delay(*overrides: str, role: str = "decode") -> int:
+        return build.kv_transfer_config(_cfg(*overrides), role).kv_connector_extra_config["progress_delay_us"]
+
+    assert delay(role="prefill") == delay(role="decode") == 20_000
+    assert delay("offload=dram", "model.max_model_len=32768") == 20_000
+    assert delay("transport.nixl_progress_delay_us=0") == 0
+    assert delay("transport.nixl_progress_delay_us=1000", role="prefill") == 1000
+    monkeypatch.setattr(build, "_on_cpu", lambda: False)
+    assert build.progress_delay_us(_cfg()) == 1000
+    assert build.progress_delay_us(_cfg("transport.nixl_progress_delay_us=5000")) == 5000
+
+
 def test_seed_defaults_to_zero_as_before():
     for role in ROLES:
         assert pipeline_engine_kwargs(_cfg(), role)["seed"] == 0

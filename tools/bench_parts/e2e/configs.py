@@ -45,6 +45,8 @@ for _w in ELASTIC_WORKLOADS:
     CONFIGS.setdefault(f"coloc2-{_w}", ("coloc", _w, "colocated 2 workers x 1 core"))
     CONFIGS.setdefault(f"disagg-{_w}", ("disagg", _w, "disaggregated 1P (core 0) + 1D (core 1)"))
     CONFIGS[f"disaggelastic-{_w}"] = ("disaggelastic", _w, "disaggregated 1P + 1D, pools.elastic=true")
+    # ... with NIXL's progress thread waking every 1 ms, the default on a CPU before 20 ms
+    CONFIGS[f"disaggelastic1ms-{_w}"] = ("disaggelastic1ms", _w, "elastic 1P + 1D, NIXL progress delay 1 ms")
 # ... and on the 4-node test Slurm (slurm/start-test-cluster.sh --nodes 4), from each split of 4
 # workers (two to each of the machine's 2 cores), against colocated 4 workers: --only slurm.
 for _w in ELASTIC_WORKLOADS:
@@ -52,7 +54,7 @@ for _w in ELASTIC_WORKLOADS:
     for _s in SLURM_SPLITS:
         CONFIGS[f"slurm{_s}-{_w}"] = ("slurm", _w, f"test Slurm, static {_s[0]}P:{_s[2]}D")
         CONFIGS[f"slurm{_s}elastic-{_w}"] = ("slurm", _w, f"test Slurm, elastic {_s[0]}P:{_s[2]}D")
-PARTS = {"raw", "disaggelastic", "slurm", "coloc", "coloc1", "coloc2", "disagg", "disaggspin", "disaggchunk", "disaggbefore", "disaggpush",
+PARTS = {"raw", "disaggelastic", "disaggelastic1ms", "slurm", "coloc", "coloc1", "coloc2", "disagg", "disaggspin", "disaggchunk", "disaggbefore", "disaggpush",
          "disagglocal", "auto", "disaggsync", "disaggdram", "disaggasyncload", "disaggtp3p", "disaggtp3d"}
 WORKLOADS = {"uniform", "mixed", "long", *ELASTIC_WORKLOADS}
 #: Overrides of a workload: the long one needs the model's whole context; the elastic part's
@@ -72,6 +74,7 @@ VARIANT_OVERRIDES = {
     "disaggtp3p": ["model.prefill_tp=3", "offload=none"],
     "disaggtp3d": ["model.decode_tp=3", "offload=none"],
     "disaggelastic": ["pools.elastic=true"],
+    "disaggelastic1ms": ["pools.elastic=true", "transport.nixl_progress_delay_us=1000"],
 }
 
 

@@ -36,7 +36,8 @@ SKEW_RANGE = (4, 256)
 #: the starting splits of 4 workers on the 4-node test Slurm (``--only slurm``)
 SLURM_SPLITS = ("1p3d", "2p2d", "3p1d")
 #: columns of the elastic table, in this order
-KINDS = (("coloc2", "colocated 2 workers"), ("disagg", "static 1P:1D"), ("disaggelastic", "elastic 1P:1D"))
+KINDS = (("coloc2", "colocated 2 workers"), ("disagg", "static 1P:1D"), ("disaggelastic", "elastic 1P:1D"),
+         ("disaggelastic1ms", "elastic 1P:1D, NIXL progress thread every 1 ms"))
 
 
 def skewed_lengths(n: int, seed: int = 40) -> list[int]:
