@@ -37,9 +37,9 @@ Role = Literal["prefill", "decode", "colocated"]
 #: NIXL's progress-thread ``poll()`` timeout (microseconds) when ``transport.nixl_progress_delay_us``
 #: is null. On vLLM's CPU platform the thread wakes on the core where the model's forward pass runs
 #: (an engine's cores are its worker's), and at 1 ms its 1,000 wake-ups a second made a decode
-#: step 1.1x a colocated engine's at 8 rows; at 20 ms the two are equal, and a KV transfer is no
-#: slower, as the thread wakes at once on a UCX event (BENCHMARKS.md, "NIXL's progress thread on
-#: a CPU engine"). On a GPU the forward pass does not run on that core: NIXL's wait there is 1 ms.
+#: step 1.12x a colocated engine's at 8 rows; at 20 ms 1.01x, and a KV transfer is no slower, as
+#: the thread wakes at once on a UCX event (BENCHMARKS.md, "The P/D engines' slower step", with
+#: ``tools/bench_step.py``). On a GPU the forward pass does not run on that core: 1 ms there.
 GPU_PROGRESS_DELAY_US = 1000
 CPU_PROGRESS_DELAY_US = 20000
 
