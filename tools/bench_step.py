@@ -4,7 +4,9 @@ colocated one (no connector), each serving the same rows alone (issue #40).
 Each setting runs two engines at once, one per core (``cpus="0"`` and ``"1"``, as a local 1P:1D
 or colocated 2-worker run places them), each in a fresh process pinned to its core. Each engine
 serves ``--rows`` requests of ``--prompt-tokens`` tokens together, ``--new-tokens`` greedy tokens
-each (``ignore_eos``), ``--reps`` times; the first repeat (torch's warm-up) is left out. Per
+each (``ignore_eos``), ``--reps`` times; the first repeat (torch's warm-up) is left out. The
+prompts are the same each repeat, so from the second on vLLM's prefix cache holds them and the
+wall is mostly decode. Per
 repeat: the wall time, and the median step while all rows decoded (steps of the engine's own
 per-step records, :class:`pipeline.engine.steps.StepRecorder`, with ``--rows`` running and no
 prompt tokens). Settings (``--settings``): ``colocated``, or ``decode:US`` (a decode engine,
@@ -118,10 +120,10 @@ def main(argv: list[str] | None = None) -> int:
             results[s] += reps
             print(f"round {rnd + 1} {s}: steps " + ", ".join(f"{r['step_s'] * 1e3:.0f}" for r in reps if r["step_s"])
                   + " ms; walls " + ", ".join(f"{r['wall_s']:.1f}" for r in reps) + " s", file=sys.stderr, flush=True)
-    med = {s: statistics.median(r["step_s"] for r in rs if r["step_s"]) for s, rs in results.items() if rs}
+    steps = {s: [r["step_s"] for r in rs if r["step_s"]] for s, rs in results.items()}
+    med = {s: statistics.median(v) for s, v in steps.items() if v}
     base = med.get("colocated")
-    rows = [[s, f"{m * 1e3:.1f}", f"{min(r['step_s'] for r in results[s] if r['step_s']) * 1e3:.0f}-"
-             f"{max(r['step_s'] for r in results[s] if r['step_s']) * 1e3:.0f}",
+    rows = [[s, f"{m * 1e3:.1f}", f"{min(steps[s]) * 1e3:.0f}-{max(steps[s]) * 1e3:.0f}",
              f"{statistics.median(r['wall_s'] for r in results[s]):.2f}",
              f"{m / base:.2f}x" if base else "-", len(results[s])] for s, m in med.items()]
     print(md_table(["setting", "decode step ms (median)", "range", "wall s (median)", "step / colocated", "samples"],

@@ -26,6 +26,7 @@ from pipeline.config import Config
 from pipeline.engine.env import engine_env, parse_cpus, pin_worker, pinned_descendants, worker_pin
 from pipeline.engine.lora import lora_engine_kwargs
 from pipeline.engine.model import model_path
+from pipeline.engine.nixl_agent import DEFAULT_PTHR_DELAY_US
 from pipeline.engine.reaper import EngineReaper
 from pipeline.engine.steps import StepRecorder, step_recorder_factory
 
@@ -40,7 +41,7 @@ Role = Literal["prefill", "decode", "colocated"]
 #: step 1.12x a colocated engine's at 8 rows; at 20 ms 1.01x, and a KV transfer is no slower, as
 #: the thread wakes at once on a UCX event (BENCHMARKS.md, "The P/D engines' slower step", with
 #: ``tools/bench_step.py``). On a GPU the forward pass does not run on that core: 1 ms there.
-GPU_PROGRESS_DELAY_US = 1000
+GPU_PROGRESS_DELAY_US = DEFAULT_PTHR_DELAY_US
 CPU_PROGRESS_DELAY_US = 20000
 
 #: ``gpu_memory_utilization`` when ``model.gpu_memory_utilization`` is null: vLLM's own default on

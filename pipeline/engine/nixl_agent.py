@@ -17,7 +17,9 @@ import contextlib
 import threading
 from collections.abc import Iterator
 
-#: The delay this project uses: the progress thread waits up to 1 ms (1000 us) for a UCX event.
+#: The delay an agent gets where none is given: the progress thread waits up to 1 ms (1000 us) for a
+#: UCX event. The pipeline's engines get theirs from the config (on a GPU this one, on a CPU
+#: longer: :func:`pipeline.engine.build.progress_delay_us`).
 DEFAULT_PTHR_DELAY_US = 1000
 
 _lock = threading.Lock()
