@@ -138,6 +138,11 @@ chmod 0400 /etc/munge/munge.key
 start_daemon munged runuser -u munge -- munged --force
 
 # --- slurm.conf -------------------------------------------------------------
+# A cold start is a new cluster: no job of the last one survives. slurmctld would recover them
+# from its saved state and requeue them (JobRequeue=1), and they would take the nodes from the
+# caller (a suite run on a machine whose /var/tmp outlived an earlier run's cluster found every
+# node "allocated" to jobs whose processes were long gone).
+rm -rf "$STATE/ctld" "$STATE/spool"
 mkdir -p "$STATE/ctld" "$STATE/spool" /etc/slurm
 rm -f "$STATE/nodes" "$STATE/node-cpus"
 CPUS=$(nproc)

@@ -85,6 +85,31 @@ def test_daemons_start_with_the_callers_open_files_closed():
             subprocess.run(["bash", str(STOP)], stdin=subprocess.DEVNULL, capture_output=True, timeout=120)
 
 
+def test_a_cold_start_keeps_no_job_of_the_last_cluster(slurm_cluster):
+    """A cluster whose daemons died with a job running (kill -9, as when the machine went away,
+    so no scancel reached it) comes back with no job and every node idle: slurmctld's saved
+    state would otherwise requeue the job and give it the nodes (CI of stop 59 found all four
+    "allocated" to an earlier run's jobs). Leaves the cluster up."""
+    p = subprocess.run(["sbatch", "--parsable", "-N", str(SLURM_NODES), "-o", "/dev/null", "--wrap", "sleep 900"],
+                       capture_output=True, text=True, timeout=30)
+    assert p.returncode == 0, p.stderr
+    for _ in range(30):
+        if subprocess.run(["squeue", "-h", "-j", p.stdout.strip(), "-o", "%T"], capture_output=True,
+                          text=True).stdout.strip() == "RUNNING":
+            break
+        time.sleep(1)
+    os.kill(_daemons()["slurmctld"], 9)
+    subprocess.run(["bash", str(STOP)], stdin=subprocess.DEVNULL, capture_output=True, timeout=120)
+    start = subprocess.run(["bash", str(START), "--nodes", str(SLURM_NODES)], stdin=subprocess.DEVNULL,
+                           capture_output=True, text=True, timeout=600)
+    assert start.returncode == 0, start.stdout + start.stderr
+    jobs = subprocess.run(["squeue", "-h", "-o", "%i %T"], capture_output=True, text=True, timeout=30)
+    assert jobs.returncode == 0 and jobs.stdout.strip() == "", jobs.stdout + jobs.stderr
+    states = subprocess.run(["sinfo", "-h", "-N", "-p", "debug", "-o", "%N %T"], capture_output=True, text=True,
+                            timeout=30).stdout.split("\n")
+    assert sorted(line for line in states if line) == [f"{n} idle" for n in NODES]
+
+
 NETFAULT = ROOT / "slurm" / "netfault.sh"
 
 
