@@ -4,6 +4,7 @@ runs over the sample data: real vLLM, real NIXL)."""
 from __future__ import annotations
 
 import json
+import math
 
 import numpy as np
 import pyarrow.dataset as ds
@@ -119,24 +120,31 @@ def test_output_card_matches_the_run(push_run, tmp_path, capsys):
     assert main([str(push_run.run_dir), "--out", str(tmp_path)]) == 0, capsys.readouterr().err
 
 
-def test_planner_calibrated_on_one_run_predicts_another(push_run, pull_run):
-    """The planner's CPU profile is fitted on the push run; its makespan, TTFT p50 and ITL
-    predictions for the pull run (same layout, 1P:1D, same prompts, the push run's
-    job.batch_rows rows in flight) are compared with what the pull run measured (wall time,
-    TTFT p50, mean per-request ITL). The errors are stated in BENCHMARKS.md ("The planner's error in the suite"):
-    TTFT p50 within 1.5x (measured 0.92x); the makespan within 2x (measured 0.74x; not the 20%
-    aimed at, because the pull run's prefill engine ran 1.55x slower per prompt token than the
-    push run's on this shared machine)."""
-    model = model_of_run(push_run.run_dir)
-    hw = calibrate(push_run.run_dir, model)
-    pred = predict(model, hw, workload_from_run(pull_run.run_dir), "disaggregated", 1, 1,
-                   rows_in_flight=batch_rows_of_run(push_run.run_dir))
-    measured = write_report(pull_run.run_dir, pull_run.run_dir / "report-again")
-    ttft_err = pred.ttft_p50_s / measured["ttft_p50_s"]
-    makespan_err = pred.makespan_s / measured["wall_s"]
-    itl_err = pred.itl_s / np.mean([x for x in _itl_means(pull_run)])
-    print(f"planner/measured: makespan {makespan_err:.2f}x, TTFT p50 {ttft_err:.2f}x, ITL {itl_err:.2f}x")
-    assert 1 / 1.5 < ttft_err < 1.5 and 1 / 2 < makespan_err < 2 and 1 / 3 < itl_err < 3
+def test_planner_calibrated_on_one_run_predicts_another(push_run, pull_run, tmp_path):
+    """The planner's CPU profile is fitted on one of the push and pull runs (same layout, 1P:1D,
+    same prompts, the calibrated run's job.batch_rows rows in flight) and predicts the other's
+    makespan, TTFT p50 and ITL, which are compared with what that run measured (wall time, TTFT
+    p50, mean per-request ITL). Both ways: the hand-off latency the profile fits is the
+    transport's own, and push's is longer here (1.7-2.2 s median against pull's 0.2-0.3 s on
+    2026-12-07; push TTFT p50 10.2 s, pull 5.2 s), so a profile fitted on push overestimates
+    pull's TTFT by about what one fitted on pull underestimates push's. Each way within 2.5x
+    (3x for ITL); over both ways (the geometric mean, where a transport's own latency cancels)
+    TTFT p50 and makespan within 1.5x, as stated in BENCHMARKS.md ("The planner's error in the suite")."""
+    runs, errors = {"push": push_run, "pull": pull_run}, {}
+    for fitted, other in (("push", "pull"), ("pull", "push")):
+        a, b = runs[fitted], runs[other]
+        model = model_of_run(a.run_dir)
+        pred = predict(model, calibrate(a.run_dir, model), workload_from_run(b.run_dir), "disaggregated", 1, 1,
+                       rows_in_flight=batch_rows_of_run(a.run_dir))
+        measured = write_report(b.run_dir, tmp_path / f"report-{other}")
+        errors[fitted] = (pred.makespan_s / measured["wall_s"], pred.ttft_p50_s / measured["ttft_p50_s"],
+                          pred.itl_s / np.mean(_itl_means(b)))
+        print(f"planner fitted on {fitted} / {other} measured: makespan {errors[fitted][0]:.2f}x, "
+              f"TTFT p50 {errors[fitted][1]:.2f}x, ITL {errors[fitted][2]:.2f}x")
+    for makespan_err, ttft_err, itl_err in errors.values():
+        assert 1 / 2.5 < ttft_err < 2.5 and 1 / 2.5 < makespan_err < 2.5 and 1 / 3 < itl_err < 3, errors
+    both = [math.sqrt(errors["push"][k] * errors["pull"][k]) for k in range(2)]
+    assert all(1 / 1.5 < e < 1.5 for e in both), (both, errors)
 
 
 def _itl_means(run) -> list[float]:
