@@ -24,7 +24,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from tests.helpers import COMMON as BASE
-from tests.helpers import SLURM, Run, assert_across_hosts, node_bytes_sent, run_to_end
+from tests.helpers import SLURM, Run, assert_across_hosts, last_core, node_bytes_sent, run_to_end, start_run
 
 pytestmark = pytest.mark.e2e
 
@@ -121,10 +121,14 @@ def _request(cid: str, url: str = CHAT_URL, **body) -> dict:
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory, chat_input) -> dict[str, Run]:
+    # Colocated beside the 1P:1D push run, on the core it leaves idle (tests.conftest.start_run).
+    colocated = start_run(tmp_path_factory, "chat-colocated", "pools=colocated", *COMMON, input_url=str(chat_input),
+                          cpus=last_core())
+    push = run_to_end(tmp_path_factory, "chat-push", "pools=disaggregated", "transport=nixl_push", *COMMON,
+                      input_url=str(chat_input))
     return {
-        "colocated": run_to_end(tmp_path_factory, "chat-colocated", "pools=colocated", *COMMON, input_url=str(chat_input)),
-        "push": run_to_end(tmp_path_factory, "chat-push", "pools=disaggregated", "transport=nixl_push", *COMMON,
-                     input_url=str(chat_input)),
+        "colocated": colocated.wait(),
+        "push": push,
         "pull-dram": run_to_end(tmp_path_factory, "chat-pull-dram", "pools=disaggregated", "transport=nixl_pull",
                           "offload=dram", "offload.dram_gib=1", f"pools.local_prefill_tokens={LOCAL_BELOW}",
                           *COMMON, input_url=str(chat_input)),

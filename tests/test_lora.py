@@ -16,7 +16,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from pipeline.io.metrics import read_worker_metrics
-from tests.helpers import COMMON, SLURM, Run, assert_across_hosts, node_bytes_sent, run_pipeline, run_to_end
+from tests.helpers import (COMMON, SLURM, Run, assert_across_hosts, last_core, node_bytes_sent, run_pipeline, run_to_end,
+                           start_run)
 
 pytestmark = pytest.mark.e2e
 
@@ -82,10 +83,14 @@ def _hf_greedy(adapter: str, rows: list[tuple[str, str, str | None]], new_tokens
 def runs(tmp_path_factory, adapter, lora_input) -> dict[str, Run]:
     d = lora_input
     common = [f"model.lora.tiny={adapter}", "job.sampling.max_new_tokens=16"]
+    # Colocated beside the 1P:1D push run, on the core it leaves idle (tests.conftest.start_run).
+    colocated = start_run(tmp_path_factory, "lora-colocated", "pools=colocated", *common, input_url=str(d),
+                          cpus=last_core())
+    push = run_to_end(tmp_path_factory, "lora-push", "pools=disaggregated", "transport=nixl_push", *common,
+                      input_url=str(d))
     return {
-        "colocated": run_to_end(tmp_path_factory, "lora-colocated", "pools=colocated", *common, input_url=str(d)),
-        "push": run_to_end(tmp_path_factory, "lora-push", "pools=disaggregated", "transport=nixl_push", *common,
-                     input_url=str(d)),
+        "colocated": colocated.wait(),
+        "push": push,
         "pull-dram": run_to_end(tmp_path_factory, "lora-pull-dram", "pools=disaggregated", "transport=nixl_pull",
                           "offload=dram", "offload.dram_gib=1", *common, input_url=str(d)),
     }

@@ -18,7 +18,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from pipeline.io.metrics import read_request_metrics, read_worker_metrics
-from tests.helpers import COMMON, SLURM, Run, assert_across_hosts, node_bytes_sent, run_pipeline, run_to_end
+from tests.helpers import (COMMON, SLURM, Run, assert_across_hosts, last_core, node_bytes_sent, run_pipeline, run_to_end,
+                           start_run)
 
 pytestmark = pytest.mark.e2e
 
@@ -59,11 +60,16 @@ def sample_input(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory, sample_input) -> dict[str, Run]:
-    return {name: run_to_end(tmp_path_factory, f"samples-{name}", *mode, *SAMPLING, input_url=str(sample_input))
-            for name, mode in (("colocated", ["pools=colocated"]),
-                               ("disaggregated", ["pools=disaggregated", "pools.decode=2", "transport=nixl_pull"]),
-                               ("push-dram", ["pools=disaggregated", "transport=nixl_push", "offload=dram",
-                                              "offload.dram_gib=1"]))}
+    def start(name: str, *mode: str, cpus: set[int] | None = None):
+        return start_run(tmp_path_factory, f"samples-{name}", *mode, *SAMPLING, input_url=str(sample_input), cpus=cpus)
+
+    # Colocated beside the 1P:1D push run, on the core it leaves idle (tests.conftest.start_run).
+    colocated = start("colocated", "pools=colocated", cpus=last_core())
+    push = start("push-dram", "pools=disaggregated", "transport=nixl_push", "offload=dram", "offload.dram_gib=1").wait()
+    colocated = colocated.wait()
+    return {"colocated": colocated,
+            "disaggregated": start("disaggregated", "pools=disaggregated", "pools.decode=2", "transport=nixl_pull").wait(),
+            "push-dram": push}
 
 
 def test_n_samples_equal_vllms_own_and_the_kv_moved_once(runs):

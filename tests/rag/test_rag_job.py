@@ -7,7 +7,7 @@ import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 import pytest
 
-from tests.helpers import ROOT, run_pipeline
+from tests.helpers import ROOT, PendingRun, last_core
 from pipeline.rag.job import retriever_for
 from pipeline.config import compose
 
@@ -15,16 +15,18 @@ pytestmark = pytest.mark.e2e
 RAG = ["+job=rag", "model.dtype=float32", "run.progress=false", "job.sampling.max_new_tokens=16"]
 
 
-def _run(tmp_path, *overrides):
-    p = run_pipeline(*RAG, f"run.dir={tmp_path / 'run'}", f"job.output={tmp_path / 'out'}", *overrides)
-    assert p.returncode == 0, p.stderr[-3000:]
-    return ds.dataset(tmp_path / "out", format="parquet").to_table()
+def _start(base, *overrides, cpus: set[int] | None = None) -> PendingRun:
+    base.mkdir()
+    return PendingRun(base.name, base, [*RAG, f"run.dir={base / 'run'}", f"job.output={base / 'output'}", *overrides],
+                      cpus)
 
 
 def test_rag_job_disaggregated_equals_colocated(tmp_path):
     questions = pq.read_table(ROOT / "data" / "rag" / "questions.parquet")
-    push = _run(tmp_path / "push", "pools=disaggregated")
-    coloc = _run(tmp_path / "coloc", "pools=colocated")
+    # Colocated beside the 1P:1D push run, on the core it leaves idle (tests.conftest.start_run).
+    coloc = _start(tmp_path / "coloc", "pools=colocated", cpus=last_core())
+    push = _start(tmp_path / "push", "pools=disaggregated").wait()
+    push, coloc = (ds.dataset(r.output, format="parquet").to_table() for r in (push, coloc.wait()))
     assert push.column("id").to_pylist() == questions.column("id").to_pylist()
     assert push.column("error").null_count == push.num_rows
     assert push.column("generation_token_ids").to_pylist() == coloc.column("generation_token_ids").to_pylist()
