@@ -23,19 +23,19 @@ def _start(base, *overrides, cpus: set[int] | None = None) -> PendingRun:
 
 def test_rag_job_disaggregated_equals_colocated(tmp_path):
     questions = pq.read_table(ROOT / "data" / "rag" / "questions.parquet")
-    # Colocated beside the 1P:1D push run, on the core it leaves idle (tests.conftest.start_run).
+    # Colocated beside the 1P:1D run (pull, the default), on the core it leaves idle (tests.conftest.start_run).
     coloc = _start(tmp_path / "coloc", "pools=colocated", cpus=last_core())
-    push = _start(tmp_path / "push", "pools=disaggregated").wait()
-    push, coloc = (ds.dataset(r.output, format="parquet").to_table() for r in (push, coloc.wait()))
-    assert push.column("id").to_pylist() == questions.column("id").to_pylist()
-    assert push.column("error").null_count == push.num_rows
-    assert push.column("generation_token_ids").to_pylist() == coloc.column("generation_token_ids").to_pylist()
+    disagg = _start(tmp_path / "disaggregated", "pools=disaggregated").wait()
+    disagg, coloc = (ds.dataset(r.output, format="parquet").to_table() for r in (disagg, coloc.wait()))
+    assert disagg.column("id").to_pylist() == questions.column("id").to_pylist()
+    assert disagg.column("error").null_count == disagg.num_rows
+    assert disagg.column("generation_token_ids").to_pylist() == coloc.column("generation_token_ids").to_pylist()
     # The passages in each row are the retriever's own answer for that question (asked here
     # directly), best first, three of them.
     retriever = retriever_for(compose(["+job=rag"]).job.rag)
     want = retriever.search(questions.column("question").to_pylist())
-    assert push.column("passage_ids").to_pylist() == [[h.passage_id for h in row] for row in want]
-    assert all(len(s) == 3 and s == sorted(s, reverse=True) for s in push.column("passage_scores").to_pylist())
+    assert disagg.column("passage_ids").to_pylist() == [[h.passage_id for h in row] for row in want]
+    assert all(len(s) == 3 and s == sorted(s, reverse=True) for s in disagg.column("passage_scores").to_pylist())
     # Every prompt's KV crossed over NIXL (minus at most the last token, which decode computes).
-    for row in push.to_pylist():
+    for row in disagg.to_pylist():
         assert row["prompt_tokens"] - 1 <= row["kv_tokens"] <= row["prompt_tokens"]
