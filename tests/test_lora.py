@@ -16,8 +16,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from pipeline.io.metrics import read_worker_metrics
-from tests.helpers import (COMMON, SLURM, Run, assert_across_hosts, last_core, node_bytes_sent, run_pipeline, run_to_end,
-                           start_run)
+from tests.helpers import (COMMON, SLURM, Run, assert_across_hosts, last_core, node_bytes_sent, run_pipeline,
+                           run_to_end, start_run)
 
 pytestmark = pytest.mark.e2e
 

@@ -18,8 +18,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from pipeline.io.metrics import read_request_metrics, read_worker_metrics
-from tests.helpers import (COMMON, SLURM, Run, assert_across_hosts, last_core, node_bytes_sent, run_pipeline, run_to_end,
-                           start_run)
+from tests.helpers import (COMMON, SLURM, Run, assert_across_hosts, last_core, node_bytes_sent, run_pipeline,
+                           run_to_end, start_run)
 
 pytestmark = pytest.mark.e2e
 
@@ -65,7 +65,8 @@ def runs(tmp_path_factory, sample_input) -> dict[str, Run]:
 
     # Colocated beside the 1P:1D push run, on the core it leaves idle (tests.conftest.start_run).
     colocated = start("colocated", "pools=colocated", cpus=last_core())
-    push = start("push-dram", "pools=disaggregated", "transport=nixl_push", "offload=dram", "offload.dram_gib=1").wait()
+    push = start("push-dram", "pools=disaggregated", "transport=nixl_push", "offload=dram",
+                 "offload.dram_gib=1").wait()
     colocated = colocated.wait()
     return {"colocated": colocated,
             "disaggregated": start("disaggregated", "pools=disaggregated", "pools.decode=2", "transport=nixl_pull").wait(),
