@@ -68,9 +68,8 @@ def runs(tmp_path_factory, sample_input) -> dict[str, Run]:
     push = start("push-dram", "pools=disaggregated", "transport=nixl_push", "offload=dram",
                  "offload.dram_gib=1").wait()
     colocated = colocated.wait()
-    return {"colocated": colocated,
-            "disaggregated": start("disaggregated", "pools=disaggregated", "pools.decode=2", "transport=nixl_pull").wait(),
-            "push-dram": push}
+    disaggregated = start("disaggregated", "pools=disaggregated", "pools.decode=2", "transport=nixl_pull").wait()
+    return {"colocated": colocated, "disaggregated": disaggregated, "push-dram": push}
 
 
 def test_n_samples_equal_vllms_own_and_the_kv_moved_once(runs):
