@@ -94,8 +94,8 @@ def test_a_cold_start_keeps_no_job_of_the_last_cluster(slurm_cluster):
                        capture_output=True, text=True, timeout=30)
     assert p.returncode == 0, p.stderr
     for _ in range(30):
-        if subprocess.run(["squeue", "-h", "-j", p.stdout.strip(), "-o", "%T"], capture_output=True,
-                          text=True).stdout.strip() == "RUNNING":
+        if subprocess.run(["squeue", "-h", "-j", p.stdout.strip(), "-o", "%T"], capture_output=True, text=True,
+                          timeout=30).stdout.strip() == "RUNNING":
             break
         time.sleep(1)
     os.kill(_daemons()["slurmctld"], 9)
